@@ -1,0 +1,3 @@
+from swarmd.cli import main
+
+main()

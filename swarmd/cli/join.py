@@ -1,0 +1,72 @@
+"""`swarmd join`: load the config, start the daemon, exit with its code."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+# Named flags and the config keys they set (everything else: --set key=value).
+FLAG_KEYS = {
+    "initial_peers": "network.initial_peers",
+    "run_id": "run_id",
+    "state_dir": "state_dir",
+    "host_maddrs": "network.host_maddrs",
+    "announce_maddrs": "network.announce_maddrs",
+    "client_mode": "network.client_mode",
+    "auxiliary": "swarm.auxiliary",
+    "device": "training.device",
+    "metrics_addr": "metrics.listen",
+}
+
+
+def join(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML config file (see configs/)."),
+    initial_peers: list[str] = typer.Option(
+        None, "--initial-peers", help="Multiaddr of a running peer, as it printed it (repeatable)."
+    ),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="The run to join (peers of a run train together)."),
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Identity, checkpoints, data, status socket."),
+    host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help="Listen multiaddr (repeatable); default tcp 31337."),
+    announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help="Public multiaddr to announce (repeatable)."),
+    client_mode: bool = typer.Option(False, "--client-mode", help="No inbound connections (behind NAT/firewall)."),
+    auxiliary: bool = typer.Option(False, "--auxiliary", help="Only help averaging, do not train."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", help="host:port of the Prometheus endpoint."),
+    assignments: list[str] = typer.Option(None, "--set", help="Any config key: --set swarm.target_batch_size=4096."),
+) -> None:
+    """Join a swarm (or start a new one) and train until stopped (SIGTERM/SIGINT)."""
+    from swarmd.config import load_config
+
+    given = dict(
+        initial_peers=initial_peers or None,
+        run_id=run_id,
+        state_dir=state_dir,
+        host_maddrs=host_maddrs or None,
+        announce_maddrs=announce_maddrs or None,
+        client_mode=client_mode or None,
+        auxiliary=auxiliary or None,
+        device=device,
+        metrics_addr=metrics_addr,
+    )
+    flags = {FLAG_KEYS[name]: value for name, value in given.items() if value is not None}
+    cfg = load_config(config, flags=flags, assignments=assignments or [])
+    sys.exit(run_daemon(cfg, config_path=config))
+
+
+def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
+    import uvloop
+
+    from swarmd.daemon.lifecycle import Daemon
+    from swarmd.logs import configure_logging
+
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    daemon = Daemon(cfg, config_path=config_path)
+    return uvloop.run(daemon.run())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("join")(join)

@@ -1,0 +1,289 @@
+"""The configuration schema: every setting swarmd has, its default, its range and what it means.
+
+The defaults here ARE the embedded default: `swarmd join` with no flags trains the micro Swin task on a small
+image folder that swarmd generates, on the CPU, as a one-peer swarm. Task-specific settings live in each task's
+own `Config` model (see swarmd/tasks); this file holds what every task shares.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from swarmd.config.multiaddr import check_multiaddr
+
+__all__ = [
+    "DEFAULT_PORT",
+    "StrictModel",
+    "NetworkConfig",
+    "SwarmConfig",
+    "TrainingConfig",
+    "CheckpointConfig",
+    "DaemonConfig",
+    "MetricsConfig",
+    "LoggingConfig",
+    "TaskSection",
+    "SwarmdConfig",
+    "default_state_dir",
+]
+
+DEFAULT_PORT = 31337
+"""TCP port a peer listens on by default (all interfaces). Open it in your firewall, or use --client-mode."""
+
+
+def default_state_dir() -> str:
+    """systemd's StateDirectory= when run as a service, else the XDG state dir of the user."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return os.environ["STATE_DIRECTORY"].split(":")[0]
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(xdg, "swarmd")
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, values are not silently coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+Compression = Literal["none", "fp16", "scaled-fp16", "uint8", "quantile8", "blockwise8"]
+
+
+class NetworkConfig(StrictModel):
+    """How this peer reaches the swarm (the hivemind DHT and its p2pd)."""
+
+    initial_peers: list[str] = Field(
+        default_factory=list,
+        description="Multiaddrs of running peers to join (each ending in /p2p/<peer id>). Empty: start a new swarm.",
+    )
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: [f"/ip4/0.0.0.0/tcp/{DEFAULT_PORT}"],
+        description="Where p2pd listens. Default: all interfaces on TCP 31337. Use tcp/0 for a random free port.",
+    )
+    announce_maddrs: list[str] = Field(
+        default_factory=list,
+        description="Public addresses to announce (e.g. behind port forwarding). Port 0 is not allowed here.",
+    )
+    client_mode: bool = Field(
+        False, description="Do not accept inbound connections (behind NAT/firewall); still trains and averages."
+    )
+    use_relay: bool = Field(True, description="Allow relayed connections through other peers (libp2p circuit relay).")
+    use_auto_relay: bool = Field(False, description="Look for relays to become reachable when behind NAT.")
+    bootstrap_attempts: int = Field(3, ge=1, le=100, description="Tries to reach the initial peers before giving up.")
+    bootstrap_retry_delay: float = Field(2.0, ge=0, description="Seconds between bootstrap tries (doubles each try).")
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _check_initial_peers(cls, value: list[str]) -> list[str]:
+        return [check_multiaddr(addr, require_peer_id=True) for addr in value]
+
+    @field_validator("host_maddrs")
+    @classmethod
+    def _check_host_maddrs(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one listen address is needed, e.g. /ip4/0.0.0.0/tcp/31337")
+        return [check_multiaddr(addr) for addr in value]
+
+    @field_validator("announce_maddrs")
+    @classmethod
+    def _check_announce_maddrs(cls, value: list[str]) -> list[str]:
+        for addr in value:
+            parts = check_multiaddr(addr).split("/")
+            if any(proto in ("tcp", "udp") and port == "0" for proto, port in zip(parts, parts[1:])):
+                raise ValueError(f"{addr!r}: announced addresses need an explicit port, not 0")
+        return value
+
+
+class SwarmConfig(StrictModel):
+    """hivemind.Optimizer: how peers accumulate, average and stay in sync. Peers of one run should agree on these."""
+
+    target_batch_size: int = Field(
+        1024, ge=1, description="Samples the whole swarm accumulates per global epoch (one optimizer step)."
+    )
+    matchmaking_time: float = Field(
+        5.0, gt=0, description="Seconds to look for averaging partners. 3-5 on a LAN, 10-15 over the internet."
+    )
+    averaging_timeout: float = Field(
+        30.0, gt=0, description="Give up an averaging round after this many seconds and use local gradients."
+    )
+    allreduce_timeout: Optional[float] = Field(None, gt=0, description="Per all-reduce attempt; default: averaging_timeout.")
+    load_state_timeout: float = Field(
+        120.0, gt=0, description="Seconds per attempt to download the model and optimizer state from a peer."
+    )
+    load_state_attempts: int = Field(
+        3, ge=1, description="Attempts to download state from peers before training on from the local state."
+    )
+    use_local_updates: bool = Field(
+        False, description="Step the optimizer on local gradients every step and average parameters instead."
+    )
+    average_state_every: int = Field(1, ge=1, description="Average parameters every this many global epochs.")
+    delay_state_averaging: bool = Field(True, description="Average parameters in the background.")
+    delay_grad_averaging: bool = Field(
+        False, description="Average gradients in the background (with delay_optimizer_step: DPU, one step stale)."
+    )
+    delay_optimizer_step: Optional[bool] = Field(
+        None, description="Run the optimizer step in the background. Default: same as delay_grad_averaging."
+    )
+    offload_optimizer: Optional[bool] = Field(
+        None, description="Keep the optimizer on the host. Default: on unless use_local_updates (hivemind's rule)."
+    )
+    reuse_grad_buffers: bool = Field(False, description="Accumulate into .grad buffers to save memory.")
+    grad_compression: Compression = Field("none", description="Wire format for gradients.")
+    state_averaging_compression: Compression = Field("none", description="Wire format for parameter averaging.")
+    load_state_compression: Compression = Field("none", description="Wire format for state downloads.")
+    average_opt_statistics: list[str] = Field(
+        default_factory=list, description="Optimizer statistics to average too, e.g. [exp_avg_sq]."
+    )
+    auxiliary: bool = Field(
+        False, description="A helper that only takes part in averaging (no training); needs inbound connections."
+    )
+    prescheduled_averaging: bool = Field(
+        True,
+        description="Start matchmaking before the epoch ends so the round is ready in time. swarmd skips it while "
+        "the peer is alone (hivemind would matchmake forever and burn a CPU core).",
+    )
+    averager_opts: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for hivemind's averagers (advanced)."
+    )
+    tracker_opts: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for hivemind's ProgressTracker (advanced)."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "SwarmConfig":
+        delay_opt = self.delay_grad_averaging if self.delay_optimizer_step is None else self.delay_optimizer_step
+        offload = (not self.use_local_updates) if self.offload_optimizer is None else self.offload_optimizer
+        if self.delay_grad_averaging and not delay_opt:
+            raise ValueError("delay_grad_averaging needs delay_optimizer_step: true")
+        if delay_opt and not offload:
+            raise ValueError("delay_optimizer_step needs offload_optimizer: true")
+        if self.use_local_updates and (self.reuse_grad_buffers or self.delay_grad_averaging):
+            raise ValueError("use_local_updates cannot be combined with reuse_grad_buffers or delay_grad_averaging")
+        return self
+
+
+class TrainingConfig(StrictModel):
+    """What this peer computes locally. These may differ from peer to peer."""
+
+    device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Autocast precision of forward/backward.")
+    batch_size: int = Field(32, ge=1, description="Samples per local step (per peer).")
+    seed: Optional[int] = Field(
+        None, description="Seed for initialisation and data order; default derives the data order from the peer id."
+    )
+    max_epochs: int = Field(0, ge=0, description="Stop (exit 0) once the local epoch reaches this. 0: run forever.")
+    threads: int = Field(0, ge=0, description="torch intra-op threads on the CPU; 0 leaves torch's default.")
+    max_consecutive_failures: int = Field(
+        5, ge=1, description="A training step that raises is retried with backoff; this many in a row end the daemon."
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+            return value
+        raise ValueError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+
+
+class CheckpointConfig(StrictModel):
+    """Checkpoints of model, optimizer and epoch (safetensors + JSON), written atomically into the state dir."""
+
+    enabled: bool = True
+    every_epochs: int = Field(10, ge=1, description="Save every this many global epochs (and always at shutdown).")
+    keep: int = Field(3, ge=1, description="Keep this many newest checkpoints.")
+
+
+class DaemonConfig(StrictModel):
+    """The process itself."""
+
+    shutdown_timeout: float = Field(
+        60.0, gt=0, description="Bound on a graceful stop (SIGTERM); past it, children are killed and the exit is 1."
+    )
+    tick_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes (and watchdog pings).")
+    public_name: Optional[str] = Field(None, description="A name shown to other peers; default: the host name.")
+
+
+class MetricsConfig(StrictModel):
+    """The Prometheus endpoint."""
+
+    enabled: bool = True
+    listen: str = Field(
+        "127.0.0.1:9464",
+        description="host:port of /metrics. Binding beyond localhost exposes run and peer ids to that network.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{value!r} is not host:port, e.g. 127.0.0.1:9464")
+        return value
+
+
+class LoggingConfig(StrictModel):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "plain", "json", "rich"] = Field(
+        "auto", description="auto: rich on a terminal, plain single-line records otherwise (journald)."
+    )
+    hivemind_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="Level for hivemind's own loggers (info shows every averaging round)."
+    )
+
+
+class TaskSection(BaseModel):
+    """`task.name` picks the plug-in; every other key under `task` is validated by that task's own Config."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field("swin", description="A task from `swarmd tasks` (built in: swin, albert).")
+    _settings: Optional[BaseModel] = PrivateAttr(default=None)
+
+    @property
+    def settings(self) -> BaseModel:
+        if self._settings is None:
+            raise RuntimeError("task settings are resolved by swarmd.config.load_config")
+        return self._settings
+
+
+class SwarmdConfig(StrictModel):
+    """The whole configuration of one peer."""
+
+    run_id: str = Field(
+        "swarmd-micro",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Name of the training run: peers with the same run_id train together.",
+    )
+    state_dir: str = Field(
+        default_factory=default_state_dir,
+        description="Identity, checkpoints, generated data and the status socket. One per daemon.",
+    )
+    task: TaskSection = Field(default_factory=TaskSection)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> "SwarmdConfig":
+        if self.network.client_mode and self.swarm.auxiliary:
+            raise ValueError("an auxiliary peer serves others, so it cannot be in client_mode")
+        return self
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective config as plain data, task settings included (what `swarmd config show` prints)."""
+        data = self.model_dump(mode="json")
+        task_settings = self.task._settings
+        data["task"] = {"name": self.task.name, **(task_settings.model_dump(mode="json") if task_settings else {})}
+        return data

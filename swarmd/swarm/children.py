@@ -1,0 +1,115 @@
+"""Make every process hivemind starts die with the daemon, even when the daemon is SIGKILLed.
+
+hivemind forks a DHT process (which spawns p2pd) and one process per averager. If the daemon is killed hard,
+they are orphaned and keep the port, the identity and a CPU core busy. Linux can deliver a signal to a child
+when its parent dies (prctl PR_SET_PDEATHSIG); we set it in every forked child through an at-fork hook, and in
+p2pd through the subprocess call that starts it (an exec'd binary does not run Python at-fork hooks).
+
+Forked children also move to their own process group, so a Ctrl-C in the terminal reaches only the daemon,
+which then shuts them down in order (otherwise p2pd would die first and the goodbye to peers would fail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import os
+import signal
+import sys
+
+__all__ = ["tie_children_to_this_process", "descendant_pids", "kill_descendants"]
+
+_PR_SET_PDEATHSIG = 1
+_installed = False
+_forking_pid = os.getpid()  # set again just before each fork; a forked child reads its parent's value
+
+
+def _set_parent_death_signal(expected_parent: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != expected_parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _after_fork_in_child(parent_pid: int) -> None:
+    _set_parent_death_signal(parent_pid)
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    # The daemon's event loop handles SIGTERM through a wakeup fd that a fork shares: a signal to a child
+    # would be read by the daemon as its own. Children get the default SIGTERM and no wakeup fd.
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # not the main thread of the child: nothing was inherited there
+        pass
+
+
+def tie_children_to_this_process() -> None:
+    """Install the hooks (idempotent). Call once in the daemon, before the DHT and averagers start."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    os.register_at_fork(before=_remember_forking_pid, after_in_child=lambda: _after_fork_in_child(_forking_pid))
+    _patch_p2pd_spawn()
+
+
+def _remember_forking_pid() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _patch_p2pd_spawn() -> None:
+    """hivemind starts p2pd with asyncio.create_subprocess_exec; add a preexec_fn that ties it to its parent."""
+    original = asyncio.subprocess.create_subprocess_exec
+    if getattr(original, "_swarmd_ties_children", False):
+        return
+
+    @functools.wraps(original)
+    async def create_subprocess_exec(program, *args, **kwargs):
+        if os.path.basename(str(program)) == "p2pd" and "preexec_fn" not in kwargs:
+            kwargs["preexec_fn"] = functools.partial(_set_parent_death_signal, os.getpid())
+        return await original(program, *args, **kwargs)
+
+    create_subprocess_exec._swarmd_ties_children = True
+    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
+
+
+def descendant_pids(root: int | None = None) -> list[int]:
+    """PIDs of all live descendants of `root` (default: this process), read from /proc."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def kill_descendants(sig: int = signal.SIGKILL) -> int:
+    """Signal every descendant of this process; return how many were signalled."""
+    count = 0
+    for pid in descendant_pids():
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except ProcessLookupError:
+            pass
+    return count

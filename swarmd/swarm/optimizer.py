@@ -1,0 +1,239 @@
+"""hivemind.Optimizer, made observable and bounded for a long-running daemon.
+
+`SwarmOptimizer` is hivemind.Optimizer (pinned at 1.1.12) with four changes, each overriding one method:
+- every gradient and state averaging round is recorded (outcome, group size, duration) in an AveragingLog,
+  since hivemind only logs them;
+- `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
+- averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
+  and burns about one CPU core doing so (see docs/PERFORMANCE.md);
+- successful state downloads from peers are counted.
+`build_swarm_optimizer` maps the `swarm:` config section onto its arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
+from hivemind.optim import Optimizer
+from hivemind.optim.state_averager import TrainingStateAverager
+
+from swarmd.swarm.averaging_log import AveragingLog
+from swarmd.swarm.compression import make_compression
+
+__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_swarm_optimizer"]
+
+logger = logging.getLogger(__name__)
+
+
+class StateLoadFailed(RuntimeError):
+    """Downloading the swarm's state failed `load_state_attempts` times in a row."""
+
+
+class _RecordsRounds(DecentralizedAverager):
+    """Sits between TrainingStateAverager and DecentralizedAverager in the MRO, where every round starts."""
+
+    _averaging_log: AveragingLog
+    _epoch_of_round: Callable[[], int]
+    _on_state_loaded: Callable[[], None]
+
+    def step(self, *args, **kwargs):
+        control = super().step(*args, **kwargs)
+        if isinstance(control, StepControl):
+            created = time.time()
+            control.add_done_callback(lambda future: self._record_state_round(future, created))
+        return control
+
+    def _record_state_round(self, control: StepControl, created: float) -> None:
+        # Pre-scheduled rounds are created before they may start: time the round from its scheduled start.
+        duration = max(0.0, time.time() - max(created, control.scheduled_time))
+        epoch = self._epoch_of_round()
+        if control.cancelled():
+            self._averaging_log.record("state", "skipped", group_size=1, duration=0.0, epoch=epoch)
+            return
+        error = control.exception()
+        if error is not None:
+            self._averaging_log.record(
+                "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error)
+            )
+        else:
+            self._averaging_log.record("state", "success", group_size=len(control.result()), duration=duration, epoch=epoch)
+
+    def load_state_from_peers(self, *args, **kwargs):
+        loaded = super().load_state_from_peers(*args, **kwargs)
+        if loaded is not None:
+            self._on_state_loaded()
+        return loaded
+
+
+class _ObservedStateAverager(TrainingStateAverager, _RecordsRounds):
+    def __init__(self, *, averaging_log: AveragingLog, on_state_loaded: Callable[[], None], **kwargs):
+        self._averaging_log = averaging_log
+        self._on_state_loaded = on_state_loaded
+        self._epoch_of_round = lambda: self.local_epoch
+        super().__init__(**kwargs)
+
+
+class SwarmOptimizer(Optimizer):
+    def __init__(self, *, averaging_log: AveragingLog, load_state_attempts: int = 3, prescheduled_averaging: bool = True, **kwargs):
+        # set before super().__init__: it builds the averagers, which use these
+        self.averaging_log = averaging_log
+        self.load_state_attempts = load_state_attempts
+        self.prescheduled_averaging = prescheduled_averaging
+        self.state_loads_total = 0
+        self.last_state_load_time: Optional[float] = None
+        super().__init__(**kwargs)
+
+    # --- observation ---------------------------------------------------------------------------------------
+
+    def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
+        # Same arguments as upstream's, with the recording subclass.
+        return _ObservedStateAverager(
+            averaging_log=self.averaging_log,
+            on_state_loaded=self._count_state_load,
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            **kwargs,
+        )
+
+    def _count_state_load(self) -> None:
+        self.state_loads_total += 1
+        self.last_state_load_time = time.time()
+        logger.info("Downloaded the swarm's state from a peer (download #%d)", self.state_loads_total)
+
+    def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        began = super()._begin_averaging_gradients(grad_scaler)
+        if not began:  # alone in the swarm (or the round could not start): the step uses local gradients
+            self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
+        return began
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Optional[StepControl]):
+        # Upstream's logic, keeping the outcome that upstream only logs.
+        if maybe_step_control is None:
+            self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
+            self._load_local_gradients_into_optimizer()
+            return
+        started = time.perf_counter()
+        try:
+            group_info = maybe_step_control.result(self.averaging_timeout)
+            self._load_averaged_gradients_into_optimizer_()
+        except BaseException as e:
+            logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
+            self.averaging_log.record(
+                "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
+                epoch=self.local_epoch, error=repr(e),
+            )
+            self._load_local_gradients_into_optimizer()
+            return
+        self.averaging_log.record(
+            "gradients", "success", group_size=len(group_info), duration=time.perf_counter() - started,
+            epoch=self.local_epoch,
+        )
+
+    # --- no matchmaking with nobody ----------------------------------------------------------------------
+
+    def _alone(self) -> bool:
+        return self.tracker.global_progress.num_peers <= 1
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        if self.prescheduled_averaging and not self._alone():
+            super()._maybe_schedule_gradient_averaging()
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        if not self._alone():
+            super()._maybe_schedule_state_averaging()
+
+    # --- bounded state download --------------------------------------------------------------------------
+
+    def load_state_from_peers(self, **kwargs):
+        """Upstream's load_state_from_peers with a bounded number of attempts; raises StateLoadFailed."""
+        if self.scheduled_grads is not None and not self.scheduled_grads.done():
+            self._tag_along_with_zero_weight(self.scheduled_grads)
+            self.scheduled_grads = None
+        self.state_averager.step(wait_for_delayed_updates=True)
+
+        with self.tracker.pause_updates():
+            for attempt in range(1, self.load_state_attempts + 1):
+                try:
+                    self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                    if self.grad_averager is not None:
+                        self.grad_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                    break
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:
+                    logger.warning(
+                        "Downloading state from peers failed (attempt %d/%d): %r", attempt, self.load_state_attempts, e
+                    )
+            else:
+                raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
+
+            if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
+                logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
+                self.state_averager.local_epoch = self.tracker.global_epoch
+
+            self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
+            if not self.client_mode:
+                self.state_averager.state_sharing_priority = self.local_epoch
+            if self.use_gradient_averaging:
+                self.grad_averager.reset_accumulated_grads_()
+                if not self.client_mode:
+                    self.grad_averager.state_sharing_priority = self.local_epoch
+
+
+def build_swarm_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
+    """hivemind.Optimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
+    swarm = config.swarm
+    auxiliary = swarm.auxiliary
+    averager_opts = dict(swarm.averager_opts)
+    # hivemind warns (and risks matchmaking deadlocks) when an RPC may outlast the matchmaking window
+    averager_opts.setdefault("request_timeout", min(3.0, swarm.matchmaking_time / 2))
+    return SwarmOptimizer(
+        averaging_log=averaging_log,
+        load_state_attempts=swarm.load_state_attempts,
+        prescheduled_averaging=swarm.prescheduled_averaging,
+        dht=dht,
+        run_id=config.run_id,
+        target_batch_size=swarm.target_batch_size,
+        batch_size_per_step=None if auxiliary else config.training.batch_size,
+        optimizer=task.build_optimizer,
+        params=task.parameter_groups(model),
+        scheduler=task.build_scheduler,
+        matchmaking_time=swarm.matchmaking_time,
+        averaging_timeout=swarm.averaging_timeout,
+        allreduce_timeout=swarm.allreduce_timeout,
+        load_state_timeout=swarm.load_state_timeout,
+        reuse_grad_buffers=swarm.reuse_grad_buffers,
+        offload_optimizer=swarm.offload_optimizer,
+        delay_optimizer_step=swarm.delay_optimizer_step,
+        delay_grad_averaging=swarm.delay_grad_averaging,
+        delay_state_averaging=swarm.delay_state_averaging,
+        average_state_every=swarm.average_state_every,
+        use_local_updates=swarm.use_local_updates,
+        # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
+        client_mode=dht.client_mode,
+        auxiliary=auxiliary,
+        grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
+        state_averaging_compression=make_compression(
+            swarm.state_averaging_compression, "swarm.state_averaging_compression"
+        ),
+        load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
+        average_opt_statistics=tuple(swarm.average_opt_statistics),
+        extra_tensors=tuple(task.extra_tensors(model)),
+        averager_opts=averager_opts,
+        tracker_opts=dict(swarm.tracker_opts),
+        verbose=False,
+    )

@@ -1,0 +1,123 @@
+"""The task plug-in interface: what a training task gives the daemon.
+
+A task owns everything model- and data-specific: its settings (a pydantic `Config`), the model, the parameter
+groups and inner optimizer, the LR schedule, the data, one training step and evaluation. The daemon owns
+everything collaborative: the DHT, hivemind.Optimizer (which wraps the task's optimizer and steps its scheduler
+once per GLOBAL epoch), precision, checkpoints and status.
+
+Write one (see docs/TASKS.md):
+
+    class MyTask(Task):
+        name = "my-task"
+        description = "what it trains"
+        Config = MyConfig                      # a swarmd.config.StrictModel
+
+        def build_model(self): ...
+        def build_optimizer(self, param_groups): ...
+        def train_batches(self, seed): ...     # an iterator of batches, shuffled by `seed`
+        def training_step(self, model, batch): ...
+
+and register it in your package's pyproject.toml:
+
+    [project.entry-points."swarmd.tasks"]
+    my-task = "my_package.module:MyTask"
+
+Keep the module that defines the class light (import torch and friends inside methods or from a sub-module) so
+`swarmd config validate` and `swarmd tasks` stay fast.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from swarmd.config.schema import StrictModel
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; torch is imported lazily
+    import torch
+
+__all__ = ["Task", "TaskContext", "StepOutput"]
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What the daemon tells a task about where and how it runs."""
+
+    state_dir: Path  # a task may keep generated data and caches under state_dir / "data"
+    device: "torch.device"
+    precision: str  # fp32 | bf16 | fp16 (the worker handles autocast and loss scaling)
+    batch_size: int  # samples per local step
+    seed: int  # reproducible initialisation; the data order seed is passed to train_batches
+
+    @property
+    def data_dir(self) -> Path:
+        return self.state_dir / "data"
+
+
+@dataclass
+class StepOutput:
+    loss: "torch.Tensor"  # scalar, with grad; the worker calls backward on it
+    batch_size: int  # samples this step contributes toward the global target batch
+    metrics: Optional[dict[str, float]] = None  # optional extras shown in status (e.g. accuracy)
+
+
+class Task(ABC):
+    """Base class of every training task. Instances are built once per daemon (and once per worker restart)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[StrictModel]]
+
+    def __init__(self, settings: StrictModel, context: TaskContext):
+        self.settings = settings
+        self.context = context
+
+    def prepare(self) -> None:
+        """Check inputs (raise swarmd.errors.ConfigError with a clear line) and generate data if needed.
+
+        Called once before anything is built, so a missing dataset is a config error, not a crash in a worker.
+        """
+
+    @abstractmethod
+    def build_model(self) -> "torch.nn.Module":
+        """A freshly initialised model on the CPU (the worker moves it to the device)."""
+
+    def parameter_groups(self, model: "torch.nn.Module") -> list[dict[str, Any]]:
+        """Parameter groups for the optimizer. Default: weight decay on matrices only (not biases or norms)."""
+        decay, no_decay = [], []
+        for param in model.parameters():
+            if param.requires_grad:
+                (decay if param.ndim >= 2 else no_decay).append(param)
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    @abstractmethod
+    def build_optimizer(self, param_groups: list[dict[str, Any]]) -> "torch.optim.Optimizer":
+        """The inner (local) optimizer; hivemind.Optimizer wraps it."""
+
+    def build_scheduler(self, optimizer: "torch.optim.Optimizer") -> Optional["torch.optim.lr_scheduler.LRScheduler"]:
+        """An LR schedule whose step is one GLOBAL epoch (hivemind steps it); warm-up/total in global epochs."""
+        return None
+
+    @abstractmethod
+    def train_batches(self, seed: int) -> Iterator[Any]:
+        """An endless iterator of training batches; `seed` makes the order this peer's own."""
+
+    @abstractmethod
+    def training_step(self, model: "torch.nn.Module", batch: Any) -> StepOutput:
+        """Forward one batch (already on the device) and return its loss; the worker runs backward."""
+
+    def evaluate(self, model: "torch.nn.Module") -> dict[str, float]:
+        """Held-out metrics (e.g. top1/top5); {} when the task has none."""
+        return {}
+
+    @property
+    def eval_every_epochs(self) -> int:
+        """Evaluate every this many global epochs; 0 never."""
+        return int(getattr(self.settings, "eval_every_epochs", 0) or 0)
+
+    def extra_tensors(self, model: "torch.nn.Module") -> list["torch.Tensor"]:
+        """Buffers to average and share with the parameters (e.g. BatchNorm running stats)."""
+        return []

@@ -1,0 +1,35 @@
+"""Build a timm Swin model from the task's model settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swarmd.errors import ConfigError
+
+__all__ = ["build_swin"]
+
+
+def build_swin(settings, num_classes: int, device):
+    import timm
+    import timm.layers
+    import torch
+
+    if settings.fused_attention:
+        # timm keeps SDPA for Swin behind its "experimental" switch; it is the same maths, faster and leaner.
+        timm.layers.set_fused_attn(True, experimental=True)
+    if not timm.is_model(settings.name):
+        raise ConfigError(f"task.model.name: {settings.name!r} is not a timm model; see timm.list_models('swin*')")
+    kwargs = dict(num_classes=num_classes, drop_path_rate=settings.drop_path_rate, **settings.overrides())
+    if settings.pretrained_file:
+        path = Path(settings.pretrained_file).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"task.model.pretrained_file: {path} does not exist")
+        # timm adapts the classifier head when num_classes differs from the checkpoint's.
+        model = timm.create_model(settings.name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kwargs)
+    else:
+        model = timm.create_model(settings.name, pretrained=False, **kwargs)
+    if settings.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    if settings.channels_last and torch.device(device).type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return model

@@ -1,0 +1,82 @@
+"""What the training worker measured: written by the worker thread, read by the daemon's tick.
+
+No torch import: the status and metrics code reads this.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["WorkerStats"]
+
+
+@dataclass
+class WorkerStats:
+    phase: str = "starting"  # starting | joining | training | assisting | restarting | stopped | failed
+    steps_total: int = 0
+    samples_total: int = 0
+    loss: Optional[float] = None  # mean over the last few steps
+    last_step_seconds: Optional[float] = None
+    failures_total: int = 0  # training steps that raised
+    nonfinite_steps_total: int = 0  # steps whose loss or gradients were NaN/Inf (not contributed)
+    restores_total: int = 0  # times the parameters were restored from the in-memory backup
+    last_error: str = ""
+    last_eval: dict = field(default_factory=dict)
+    last_eval_epoch: Optional[int] = None
+    checkpoint_epoch: Optional[int] = None
+    checkpoint_path: str = ""
+    checkpoint_time: Optional[float] = None
+    checkpoint_failures_total: int = 0
+    extra_metrics: dict = field(default_factory=dict)  # the task's per-step extras (e.g. train accuracy)
+    _window: deque = field(default_factory=lambda: deque(maxlen=50))  # (end time, samples, seconds, loss)
+    _epoch_losses: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, mean loss)
+    _losses_this_epoch: list = field(default_factory=list)
+    _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the collector
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_step(self, *, samples: int, seconds: float, loss: float, metrics: Optional[dict] = None) -> None:
+        with self._lock:
+            self.steps_total += 1
+            self.samples_total += samples
+            self.last_step_seconds = seconds
+            self._window.append((time.monotonic(), samples, seconds, loss))
+            recent = [entry[3] for entry in list(self._window)[-10:] if math.isfinite(entry[3])]
+            self.loss = sum(recent) / len(recent) if recent else None
+            self._losses_this_epoch.append(loss)
+            self._step_seconds.append(seconds)
+            if len(self._step_seconds) > 10_000:
+                del self._step_seconds[:5_000]
+            if metrics:
+                self.extra_metrics = dict(metrics)
+
+    def end_epoch(self, epoch: int) -> None:
+        """Close the loss bucket of the epoch that just ended (the loss trend in `swarmd status`)."""
+        with self._lock:
+            finite = [x for x in self._losses_this_epoch if math.isfinite(x)]
+            if finite:
+                self._epoch_losses.append((epoch, sum(finite) / len(finite)))
+            self._losses_this_epoch = []
+
+    @property
+    def samples_per_second(self) -> float:
+        """Samples over wall time across the recent steps (averaging waits included)."""
+        with self._lock:
+            window = list(self._window)
+        if len(window) < 2:
+            return 0.0
+        elapsed = window[-1][0] - window[0][0] + window[0][2]
+        return sum(entry[1] for entry in window) / elapsed if elapsed > 0 else 0.0
+
+    def loss_history(self) -> list[tuple[int, float]]:
+        with self._lock:
+            return list(self._epoch_losses)
+
+    def drain_step_seconds(self) -> list[float]:
+        with self._lock:
+            drained, self._step_seconds = self._step_seconds, []
+        return drained

@@ -1,0 +1,293 @@
+"""The training worker: a thread that runs the task's steps through hivemind.Optimizer.
+
+The daemon's event loop never blocks on training; this thread never touches the loop. It:
+- catches up with the swarm at start (bounded state download), then trains step after step;
+- runs forward under autocast for bf16/fp16, scales the loss for fp16 (hivemind's GradScaler);
+- keeps NaN/Inf steps out of the swarm, and restores the last good parameters if a global step made them
+  non-finite;
+- survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
+  exits 1) only after `max_consecutive_failures` failures in a row;
+- at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from swarmd.swarm.optimizer import StateLoadFailed
+from swarmd.worker.stats import WorkerStats
+
+__all__ = ["TrainingWorker", "resolve_device", "move_to_device"]
+
+logger = logging.getLogger(__name__)
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_BACKOFF_CAP_SECONDS = 30.0
+_SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's progress before training
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from swarmd.errors import ConfigError
+
+        raise ConfigError(f"training.device: {name} was asked for but CUDA is not available here; use cpu or auto")
+    return device
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(value, device) for value in batch)
+    return batch
+
+
+class TrainingWorker:
+    def __init__(
+        self,
+        *,
+        task,
+        model: torch.nn.Module,
+        optimizer,
+        config,
+        stats: WorkerStats,
+        data_seed: int,
+        save_checkpoint: Optional[Callable[[], None]] = None,
+    ):
+        self.task, self.model, self.optimizer, self.config = task, model, optimizer, config
+        self.stats = stats
+        self.data_seed = data_seed
+        self.save_checkpoint = save_checkpoint
+        self.device = task.context.device
+        self.precision = config.training.precision
+        self.auxiliary = config.swarm.auxiliary
+        self.reuse_grad_buffers = config.swarm.reuse_grad_buffers
+        self.scaler = self._make_grad_scaler()
+        self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
+        self.reached_max_epochs = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="swarmd-worker", daemon=True)
+        self._backup: Optional[list[torch.Tensor]] = None
+        self._backup_epoch: Optional[int] = None
+
+    # --- control (called from the daemon) -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- the thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._catch_up_with_swarm()
+            if self.auxiliary:
+                self._assist()
+            else:
+                self._train()
+            self.stats.phase = "stopped"
+        except BaseException as e:  # noqa: BLE001 - reported to the daemon, which exits 1
+            logger.exception("The training worker failed: %s", e)
+            self.failure = e
+            self.stats.phase = "failed"
+            self.stats.last_error = repr(e)
+
+    def _catch_up_with_swarm(self) -> None:
+        """Before training: see the swarm's progress and, if it is ahead, download its state (bounded)."""
+        self.stats.phase = "joining"
+        tracker = self.optimizer.tracker
+        tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
+        if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
+            logger.info(
+                "The swarm is at epoch %d, this peer at %d: downloading the swarm's state",
+                tracker.global_epoch,
+                self.optimizer.local_epoch,
+            )
+            try:
+                self.optimizer.load_state_from_peers()
+                logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
+            except StateLoadFailed as e:
+                logger.warning("%s; training on from the local state, hivemind will retry", e)
+        self._take_backup()
+
+    def _assist(self) -> None:
+        """Auxiliary peers only help average; hivemind wants step() called regularly."""
+        self.stats.phase = "assisting"
+        while not self._stop.is_set():
+            self.optimizer.step()
+            self._after_step_epoch_check()
+            self._stop.wait(0.2)
+
+    def _train(self) -> None:
+        self.stats.phase = "training"
+        self.model.train()
+        batches = iter(self.task.train_batches(self.data_seed))
+        consecutive_failures = 0
+        while not self._stop.is_set():
+            try:
+                self._step(next(batches))
+                consecutive_failures = 0
+            except (StopIteration, KeyboardInterrupt):
+                raise
+            except StateLoadFailed as e:
+                logger.warning("%s; retrying after a pause", e)
+                self._stop.wait(5.0)
+            except Exception as e:  # noqa: BLE001 - a failing step is survivable up to a bound
+                consecutive_failures += 1
+                self.stats.failures_total += 1
+                self.stats.last_error = repr(e)
+                limit = self.config.training.max_consecutive_failures
+                if consecutive_failures >= limit:
+                    raise RuntimeError(f"{limit} training steps failed in a row; last error: {e!r}") from e
+                delay = min(_BACKOFF_CAP_SECONDS, 2.0 ** (consecutive_failures - 1))
+                logger.exception(
+                    "A training step failed (%d/%d in a row); restoring the last good state and retrying in %.0f s",
+                    consecutive_failures,
+                    limit,
+                    delay,
+                )
+                self.stats.phase = "restarting"
+                self._stop.wait(delay)
+                self._restore_backup()
+                batches = iter(self.task.train_batches(self.data_seed + self.stats.failures_total))
+                self.stats.phase = "training"
+            if self.reached_max_epochs:
+                break
+
+    def _step(self, batch: Any) -> None:
+        started = time.perf_counter()
+        batch = move_to_device(batch, self.device)
+        dtype = _AUTOCAST_DTYPES.get(self.precision)
+        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with autocast:
+            output = self.task.training_step(self.model, batch)
+        loss = output.loss
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+        loss_value = float(loss.detach().float().item())
+        if not math.isfinite(loss_value) or (self.scaler is None and not self._grads_finite()):
+            # A NaN/Inf contribution would poison the swarm's average: drop it. (With fp16, hivemind's
+            # GradScaler already skips overflowing steps and lowers the scale.)
+            self.stats.nonfinite_steps_total += 1
+            logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
+            self._zero_grad()
+            return
+
+        epoch_before = self.optimizer.local_epoch
+        self.optimizer.step(batch_size=output.batch_size, grad_scaler=self.scaler)
+        if self.scaler is not None:
+            self.scaler.update()
+        if not self.reuse_grad_buffers:
+            self._zero_grad()
+        self.stats.record_step(
+            samples=output.batch_size, seconds=time.perf_counter() - started, loss=loss_value, metrics=output.metrics
+        )
+        if self.optimizer.local_epoch != epoch_before:
+            self._on_new_epoch(epoch_before)
+
+    def _after_step_epoch_check(self) -> None:
+        epoch = self.optimizer.local_epoch
+        if getattr(self, "_last_seen_epoch", epoch) != epoch:
+            self._on_new_epoch(self._last_seen_epoch)
+        self._last_seen_epoch = epoch
+
+    def _on_new_epoch(self, previous_epoch: int) -> None:
+        epoch = self.optimizer.local_epoch
+        self.stats.end_epoch(previous_epoch)
+        if not self._params_finite():
+            self.stats.nonfinite_steps_total += 1
+            logger.error("Parameters became non-finite at epoch %d: restoring the last good state", epoch)
+            self._restore_backup()
+            return
+        self._take_backup()
+        every = self.task.eval_every_epochs
+        if every and epoch % every == 0 and not self.auxiliary:
+            self._evaluate(epoch)
+        if self.save_checkpoint is not None and epoch % self.config.checkpoint.every_epochs == 0:
+            self.save_checkpoint()
+        max_epochs = self.config.training.max_epochs
+        if max_epochs and epoch >= max_epochs:
+            logger.info("Reached training.max_epochs=%d: stopping", max_epochs)
+            self.reached_max_epochs = True
+            self._stop.set()
+
+    def _evaluate(self, epoch: int) -> None:
+        started = time.perf_counter()
+        results = self.task.evaluate(self.model)
+        if results:
+            self.stats.last_eval, self.stats.last_eval_epoch = results, epoch
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in results.items())
+            logger.info("Evaluation at epoch %d: %s (%.1f s)", epoch, shown, time.perf_counter() - started)
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _make_grad_scaler(self):
+        if self.precision != "fp16" or self.auxiliary:
+            return None
+        import hivemind
+
+        # device= matters: hivemind's scaler defaults to CUDA and crashes at unscale_ on a CPU-only host.
+        return hivemind.GradScaler(device=self.device.type)
+
+    def _zero_grad(self) -> None:
+        for param in self.model.parameters():
+            param.grad = None
+
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+
+    def _params_finite(self) -> bool:
+        params = list(self.model.parameters())
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all())
+
+    @torch.no_grad()
+    def _take_backup(self) -> None:
+        """An in-memory copy of the last parameters known to be finite (on the host, so no device memory)."""
+        if self._backup is None:
+            self._backup = [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+        else:
+            for saved, param in zip(self._backup, self.model.parameters()):
+                saved.copy_(param.detach(), non_blocking=True)
+        self._backup_epoch = self.optimizer.local_epoch
+
+    @torch.no_grad()
+    def _restore_backup(self) -> None:
+        if self._backup is None:
+            return
+        for saved, param in zip(self._backup, self.model.parameters()):
+            param.copy_(saved.to(param.device))
+        # the offloaded optimizer keeps its own copy of the parameters: overwrite it too
+        averager = self.optimizer.state_averager
+        if averager.offload_optimizer:
+            with averager.lock_optimizer:
+                opt_params = [p for group in averager.optimizer.param_groups for p in group["params"]]
+                for saved, opt_param in zip(self._backup, opt_params):
+                    opt_param.copy_(saved)
+        self._zero_grad()
+        self.stats.restores_total += 1
+        logger.info("Restored the parameters of epoch %s", self._backup_epoch)

@@ -1,0 +1,189 @@
+"""Start real `swarmd join` processes for tests, wait on them with bounds, and leave nothing running."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from swarmd.status.client import read_status
+from swarmd.swarm.children import descendant_pids
+
+REPO = Path(__file__).resolve().parents[1]
+JOIN_LINE = re.compile(r"To join: (swarmd join .*)$", re.M)
+
+
+def peer_config(**sections) -> dict:
+    """A config for fast local swarms: loopback, random port, small batches, short matchmaking."""
+    config = {
+        "run_id": "test-run",
+        "network": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "bootstrap_attempts": 1},
+        "swarm": {
+            "target_batch_size": 128,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 15.0,
+            "load_state_timeout": 30.0,
+        },
+        "training": {"batch_size": 16, "threads": 1, "seed": 0},
+        "checkpoint": {"every_epochs": 2, "keep": 3},
+        "daemon": {"shutdown_timeout": 40.0, "tick_interval": 0.5},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "logging": {"level": "info", "format": "plain"},
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict) and isinstance(config.get(section), dict):
+            config[section] = {**config[section], **values}
+        else:
+            config[section] = values
+    return config
+
+
+class DaemonProcess:
+    """One `python -m swarmd join` in its own session; `close()` kills it and every descendant."""
+
+    def __init__(self, state_dir: Path, config: dict, *, extra_args=(), env: Optional[dict] = None, name="peer"):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.config_path = self.state_dir.parent / f"{self.state_dir.name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = self.state_dir.parent / f"{self.state_dir.name}.log"
+        self.args = [
+            sys.executable, "-m", "swarmd", "join",
+            "--config", str(self.config_path),
+            "--state-dir", str(self.state_dir),
+            *extra_args,
+        ]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: Optional[subprocess.Popen] = None
+        self._known_descendants: set[int] = set()
+
+    def start(self) -> "DaemonProcess":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True
+        )
+        return self
+
+    # --- observation ---------------------------------------------------------------------------------------
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def status(self) -> dict:
+        return read_status(self.state_dir, timeout=5)
+
+    def wait_for(self, predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
+        """Poll `predicate` until it returns something truthy; fail with the log tail after `timeout`."""
+        deadline = time.monotonic() + timeout
+        last_error = None
+        while time.monotonic() < deadline:
+            self._remember_descendants()
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except Exception as e:  # noqa: BLE001 - the daemon may not answer yet
+                last_error = e
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode} while waiting for {what}:\n{self.tail()}")
+            time.sleep(interval)
+        raise AssertionError(f"{self.name}: timed out after {timeout:.0f} s waiting for {what} ({last_error!r}):\n{self.tail()}")
+
+    def wait_status(self, predicate: Callable[[dict], object], timeout: float, what: str) -> dict:
+        holder = {}
+
+        def check():
+            holder["status"] = self.status()
+            return predicate(holder["status"])
+
+        self.wait_for(check, timeout, what)
+        return holder["status"]
+
+    def join_line(self, timeout: float = 90) -> list[str]:
+        """The ready-to-paste `swarmd join ...` line, split into arguments."""
+        match = self.wait_for(lambda: JOIN_LINE.search(self.log), timeout, "the join line")
+        return match.group(1).split()
+
+    def initial_peers(self, timeout: float = 90) -> list[str]:
+        words = self.join_line(timeout)
+        return [words[i + 1] for i, word in enumerate(words) if word == "--initial-peers"]
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.splitlines()[-lines:])
+
+    def _remember_descendants(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._known_descendants.update(descendant_pids(self.proc.pid))
+
+    def descendants(self) -> list[int]:
+        return descendant_pids(self.proc.pid) if self.proc is not None else []
+
+    # --- stopping ------------------------------------------------------------------------------------------
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM the daemon (its main process only, as systemd's KillMode=mixed does) and wait for the exit."""
+        self._remember_descendants()
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        self._remember_descendants()
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def leftover_processes(self, grace: float = 5.0) -> list[int]:
+        """Processes this daemon ever started that are still alive after `grace` seconds."""
+        deadline = time.monotonic() + grace
+        while True:
+            alive = [pid for pid in self._known_descendants if _alive(pid)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self._remember_descendants()
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            for pid in self._known_descendants:
+                if _alive(pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run_cli(*args, env: Optional[dict] = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "swarmd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text)
