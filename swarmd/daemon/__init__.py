@@ -1,0 +1,1 @@
+"""The daemon process: lifecycle, checkpoints and state restore."""

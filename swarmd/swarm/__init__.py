@@ -1,0 +1,1 @@
+"""The collaboration layer over hivemind: DHT, optimizer, averaging records, child processes."""

@@ -1,0 +1,1 @@
+"""The training worker thread and what it measures."""
