@@ -51,7 +51,9 @@ class Daemon:
         self.stats = None
         self.averaging_log = None
         self.status_server = None
-        self.extensions: list[Any] = []  # objects with async start()/tick(snapshot)/close(); e.g. metrics, notify
+        from swarmd.daemon.extensions import build_extensions
+
+        self.extensions = build_extensions(config)  # metrics, systemd notification, peer records, ...
         self._stop_requested: Optional[asyncio.Event] = None
         self._signals_received = 0
         self._lock_file = None
@@ -136,7 +138,8 @@ class Daemon:
         from swarmd.swarm.dht import start_dht
 
         self.state = "joining"
-        self.dht = await start_dht(self.config.network, self.state_dir)
+        validators = [v for extension in self.extensions for v in extension.record_validators(self)]
+        self.dht = await start_dht(self.config.network, self.state_dir, record_validators=validators)
         self.peer_id = str(self.dht.peer_id)
         self.visible_maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
         self._announce_addresses()
@@ -177,8 +180,7 @@ class Daemon:
         self.worker.start()
         self.state = "training"
         for extension in self.extensions:
-            if hasattr(extension, "ready"):
-                extension.ready(self)
+            extension.ready(self)
 
     def _prepare_state_dir(self) -> None:
         try:
@@ -298,7 +300,7 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         from swarmd.status.snapshot import build_snapshot
 
-        return build_snapshot(
+        snapshot = build_snapshot(
             config=self.config,
             state=self.state,
             started_at=self.started_at,
@@ -309,6 +311,12 @@ class Daemon:
             stats=self.stats,
             averaging_log=self.averaging_log,
         )
+        for extension in self.extensions:
+            try:
+                snapshot.update(extension.snapshot_fields(self))
+            except Exception:  # noqa: BLE001 - a broken observer must not break the status
+                logger.exception("%s failed to add to the status", type(extension).__name__)
+        return snapshot
 
     # --- shutdown ------------------------------------------------------------------------------------------
 
@@ -318,9 +326,8 @@ class Daemon:
 
         self.state = "stopping"
         for extension in self.extensions:
-            if hasattr(extension, "stopping"):
-                with contextlib.suppress(Exception):
-                    extension.stopping(self)
+            with contextlib.suppress(Exception):
+                extension.stopping(self)
         budget = self.config.daemon.shutdown_timeout
         deadline = time.monotonic() + budget
         remaining = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
