@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,3 +32,17 @@ def daemons(tmp_path):
     yield start
     for daemon in started:
         daemon.close()
+
+
+@pytest.fixture(scope="session")
+def testtasks_env(tmp_path_factory) -> dict:
+    """Environment for daemons that can run the test-only `faulty` task, installed like a third-party plug-in."""
+    target = tmp_path_factory.mktemp("testtasks")
+    package = Path(__file__).resolve().parent / "fixtures" / "testtasks"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(package)],
+        check=True,
+        timeout=300,
+    )
+    path = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}

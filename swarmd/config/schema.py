@@ -144,6 +144,19 @@ class SwarmConfig(StrictModel):
         description="Start matchmaking before the epoch ends so the round is ready in time. swarmd skips it while "
         "the peer is alone (hivemind would matchmake forever and burn a CPU core).",
     )
+    guard_gradient_norm_ratio: float = Field(
+        10.0,
+        ge=0,
+        description="Reject an averaged gradient that is NaN/Inf or whose norm exceeds this many times this peer's "
+        "own gradient (a garbage contribution: hivemind averages whatever it receives), and step on the local "
+        "gradient instead. 0: off.",
+    )
+    guard_parameter_change: float = Field(
+        1.0,
+        ge=0,
+        description="Restore the last good parameters when one global epoch moved them by more than this fraction "
+        "of their norm (poisoned parameter averaging); state downloaded from peers is exempt. 0: off.",
+    )
     averager_opts: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for hivemind's averagers (advanced)."
     )

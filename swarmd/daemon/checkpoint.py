@@ -56,10 +56,13 @@ class CheckpointStore:
         from safetensors.torch import save as to_safetensors_bytes
 
         started = time.monotonic()
-        self.directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
         final = self.directory / f"epoch-{epoch:08d}-{stamp}"
-        partial = Path(tempfile.mkdtemp(prefix=f".partial-{epoch:08d}-", dir=self.directory))
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            partial = Path(tempfile.mkdtemp(prefix=f".partial-{epoch:08d}-", dir=self.directory))
+        except OSError as e:
+            raise CheckpointError(f"could not write checkpoint for epoch {epoch} in {self.directory}: {e}") from e
         try:
             optimizer_tensors, optimizer_meta = _flatten_optimizer_state(optimizer_state)
             files = {

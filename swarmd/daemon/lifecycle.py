@@ -74,6 +74,10 @@ class Daemon:
             except _StopDuringStartup:
                 logger.info("Stop requested during start-up")
                 return int(self._exit_code)
+            except Exception:  # a bug, not bad input: keep the traceback for the report
+                logger.exception("swarmd failed during start-up")
+                self._exit_code = ExitCode.FAILURE
+                return int(self._exit_code)
             await self._main_loop()
             return int(self._exit_code)
         finally:
@@ -338,7 +342,8 @@ class Daemon:
             worker_stopped = await asyncio.to_thread(self.worker.join, remaining() * 0.6)
             if not worker_stopped:
                 logger.warning("The training step in progress did not finish in time: abandoning it")
-        if self.worker is not None and worker_stopped and self.config.checkpoint.enabled and self.optimizer is not None:
+        clean = self.worker is not None and worker_stopped and self.worker.failure is None
+        if clean and self.config.checkpoint.enabled and self.optimizer is not None:
             if self._final_checkpoint_needed():
                 await self._bounded("saving the final checkpoint", self.save_checkpoint, remaining)
         if self.optimizer is not None:

@@ -15,13 +15,13 @@ from typing import Optional
 __all__ = ["AveragingRound", "AveragingLog", "KINDS", "OUTCOMES"]
 
 KINDS = ("gradients", "state")
-OUTCOMES = ("success", "failed", "skipped")
+OUTCOMES = ("success", "failed", "skipped", "rejected")  # rejected: averaged fine, result implausible
 
 
 @dataclass(frozen=True)
 class AveragingRound:
     kind: str  # gradients | state
-    outcome: str  # success | failed | skipped
+    outcome: str  # success | failed | skipped | rejected
     group_size: int  # peers in the group, this one included (1 when skipped or failed)
     duration_seconds: float
     epoch: int

@@ -1,8 +1,11 @@
 """hivemind.Optimizer, made observable and bounded for a long-running daemon.
 
-`SwarmOptimizer` is hivemind.Optimizer (pinned at 1.1.12) with four changes, each overriding one method:
+`SwarmOptimizer` is hivemind.Optimizer (pinned at 1.1.12) with these changes, each overriding one method:
 - every gradient and state averaging round is recorded (outcome, group size, duration) in an AveragingLog,
   since hivemind only logs them;
+- an averaged gradient that is NaN/Inf or implausibly large against this peer's own gradient is rejected and
+  the step uses the local gradient: hivemind's all-reduce is a plain weighted mean of whatever peers send, so
+  one broken or hostile peer would otherwise steer everyone (see docs/FAULTS.md);
 - `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
@@ -19,6 +22,7 @@ from typing import Callable, Optional
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import StepControl
 from hivemind.optim import Optimizer
+from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm.averaging_log import AveragingLog
@@ -77,12 +81,38 @@ class _ObservedStateAverager(TrainingStateAverager, _RecordsRounds):
         super().__init__(**kwargs)
 
 
+class _GradientAveragerKeepingOwn(GradientAverager):
+    """Remembers this peer's own contribution to the round, so the average can be judged against it."""
+
+    own_gradients: Optional[list] = None
+
+    def load_accumulators_into_averager_(self):
+        super().load_accumulators_into_averager_()
+        with self.get_tensors() as contribution:
+            if self.own_gradients is None:
+                self.own_gradients = [tensor.clone() for tensor in contribution]
+            else:
+                for own, tensor in zip(self.own_gradients, contribution):
+                    own.copy_(tensor)
+
+
 class SwarmOptimizer(Optimizer):
-    def __init__(self, *, averaging_log: AveragingLog, load_state_attempts: int = 3, prescheduled_averaging: bool = True, **kwargs):
+    def __init__(
+        self,
+        *,
+        averaging_log: AveragingLog,
+        load_state_attempts: int = 3,
+        prescheduled_averaging: bool = True,
+        guard_gradient_norm_ratio: float = 0.0,
+        **kwargs,
+    ):
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.load_state_attempts = load_state_attempts
         self.prescheduled_averaging = prescheduled_averaging
+        self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
+        if guard_gradient_norm_ratio > 0 and not kwargs.get("use_local_updates"):
+            kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
         super().__init__(**kwargs)
@@ -129,6 +159,9 @@ class SwarmOptimizer(Optimizer):
         started = time.perf_counter()
         try:
             group_info = maybe_step_control.result(self.averaging_timeout)
+            implausible = self._implausible_average()
+            if implausible:
+                self._replace_average_with_own_gradients()
             self._load_averaged_gradients_into_optimizer_()
         except BaseException as e:
             logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
@@ -138,10 +171,37 @@ class SwarmOptimizer(Optimizer):
             )
             self._load_local_gradients_into_optimizer()
             return
+        if implausible:
+            logger.warning("Rejected the averaged gradients (%s); this epoch uses local gradients", implausible)
         self.averaging_log.record(
-            "gradients", "success", group_size=len(group_info), duration=time.perf_counter() - started,
-            epoch=self.local_epoch,
+            "gradients", "rejected" if implausible else "success", group_size=len(group_info),
+            duration=time.perf_counter() - started, epoch=self.local_epoch, error=implausible,
         )
+
+    def _implausible_average(self) -> str:
+        """Why the averaged gradient cannot be trusted, or "" if it can.
+
+        An honest average is a weighted mean of similar gradients, so its norm is at most the largest of them:
+        far above this peer's own norm means someone sent garbage (or a reducer returned it).
+        """
+        own = getattr(self.grad_averager, "own_gradients", None)
+        if self.guard_gradient_norm_ratio <= 0 or own is None or self.auxiliary:
+            return ""
+        import torch
+
+        own_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(own))))
+        with self.grad_averager.get_tensors() as averaged:
+            average_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(averaged)))))
+        if average_norm != average_norm or average_norm == float("inf"):
+            return "the average is not finite"
+        if own_norm > 0 and average_norm > self.guard_gradient_norm_ratio * own_norm:
+            return f"its norm {average_norm:.3g} is {average_norm / own_norm:.3g}x this peer's {own_norm:.3g}"
+        return ""
+
+    def _replace_average_with_own_gradients(self) -> None:
+        with self.grad_averager.get_tensors() as averaged:
+            for target, own in zip(averaged, self.grad_averager.own_gradients):
+                target.copy_(own)
 
     # --- no matchmaking with nobody ----------------------------------------------------------------------
 
@@ -205,6 +265,7 @@ def build_swarm_optimizer(*, dht, config, model, task, averaging_log: AveragingL
         averaging_log=averaging_log,
         load_state_attempts=swarm.load_state_attempts,
         prescheduled_averaging=swarm.prescheduled_averaging,
+        guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
         dht=dht,
         run_id=config.run_id,
         target_batch_size=swarm.target_batch_size,

@@ -79,8 +79,11 @@ class TrainingWorker:
         self.reached_max_epochs = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="swarmd-worker", daemon=True)
+        # the model's parameters in the optimizer's order (param groups), which the offloaded copies follow
+        self._params = list(optimizer.state_averager.main_parameters)
         self._backup: Optional[list[torch.Tensor]] = None
         self._backup_epoch: Optional[int] = None
+        self._backup_state_loads = 0
 
     # --- control (called from the daemon) -------------------------------------------------------------------
 
@@ -193,6 +196,9 @@ class TrainingWorker:
             self.stats.nonfinite_steps_total += 1
             logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
             self._zero_grad()
+            if not self._params_finite():
+                logger.error("The parameters themselves are non-finite: restoring the last good state")
+                self._restore_backup()
             return
 
         epoch_before = self.optimizer.local_epoch
@@ -216,9 +222,10 @@ class TrainingWorker:
     def _on_new_epoch(self, previous_epoch: int) -> None:
         epoch = self.optimizer.local_epoch
         self.stats.end_epoch(previous_epoch)
-        if not self._params_finite():
-            self.stats.nonfinite_steps_total += 1
-            logger.error("Parameters became non-finite at epoch %d: restoring the last good state", epoch)
+        suspicious = self._suspicious_parameters()
+        if suspicious:
+            logger.error("After the step to epoch %d %s: restoring the last good state", epoch, suspicious)
+            self.optimizer.averaging_log.record("state", "rejected", group_size=1, duration=0.0, epoch=epoch, error=suspicious)
             self._restore_backup()
             return
         self._take_backup()
@@ -261,25 +268,40 @@ class TrainingWorker:
             return True
         return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
 
+    @torch.no_grad()
+    def _suspicious_parameters(self) -> str:
+        """Why the parameters after a global step cannot be trusted, or ""."""
+        if not self._params_finite():
+            return "the parameters are non-finite"
+        limit = self.config.swarm.guard_parameter_change
+        if not limit or self._backup is None or self.optimizer.state_loads_total != self._backup_state_loads:
+            return ""  # a download from peers legitimately replaces everything
+        params = [p.detach().to("cpu") for p in self._params]
+        change = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(torch._foreach_sub(params, self._backup))))
+        size = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self._backup)))
+        if size > 0 and change > limit * size:
+            return f"the parameters moved by {float(change / size):.3g}x their norm in one epoch"
+        return ""
+
     def _params_finite(self) -> bool:
-        params = list(self.model.parameters())
-        return bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all())
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in self._params]))).all())
 
     @torch.no_grad()
     def _take_backup(self) -> None:
         """An in-memory copy of the last parameters known to be finite (on the host, so no device memory)."""
         if self._backup is None:
-            self._backup = [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
+            self._backup = [p.detach().to("cpu", copy=True) for p in self._params]
         else:
-            for saved, param in zip(self._backup, self.model.parameters()):
-                saved.copy_(param.detach(), non_blocking=True)
+            for saved, param in zip(self._backup, self._params):
+                saved.copy_(param.detach())
         self._backup_epoch = self.optimizer.local_epoch
+        self._backup_state_loads = self.optimizer.state_loads_total
 
     @torch.no_grad()
     def _restore_backup(self) -> None:
         if self._backup is None:
             return
-        for saved, param in zip(self._backup, self.model.parameters()):
+        for saved, param in zip(self._backup, self._params):
             param.copy_(saved.to(param.device))
         # the offloaded optimizer keeps its own copy of the parameters: overwrite it too
         averager = self.optimizer.state_averager

@@ -1,0 +1,85 @@
+"""Faults inside one peer: failing steps, NaN/Inf, hard kills, damaged checkpoints. Training goes on; nothing is lost."""
+
+import time
+
+from daemons import peer_config
+
+
+def faulty(**task):
+    return peer_config(
+        task={"name": "faulty", **task},
+        swarm={"target_batch_size": 64, "matchmaking_time": 2.0, "averaging_timeout": 10.0},
+        training={"batch_size": 16, "threads": 1, "seed": 0, "max_consecutive_failures": 3},
+        checkpoint={"every_epochs": 2, "keep": 5},
+    )
+
+
+def test_a_failing_step_is_survived_and_repeated_failures_end_with_exit_1(daemons, testtasks_env):
+    peer = daemons("flaky", faulty(fail_at_steps=[5]), env=testtasks_env)
+    status = peer.wait_status(lambda s: s["failures_total"] == 1 and s["local_epoch"] >= 3, 120, "recovery after a failure")
+    first_id = status["peer_id"]
+    assert status["restores_total"] >= 1 and "injected failure at step 5" in status["last_error"]
+    assert "A training step failed (1/3 in a row)" in peer.log
+    assert peer.terminate() == 0
+
+    doomed = daemons("doomed", faulty(fail_from_step=3), env=testtasks_env, state_dir=peer.state_dir)
+    started = time.monotonic()
+    assert doomed.proc.wait(120) == 1, doomed.tail()
+    assert time.monotonic() - started < 120
+    assert "3 training steps failed in a row" in doomed.log
+    assert "A training step failed (2/3 in a row); restoring the last good state and retrying in 2 s" in doomed.log
+    assert doomed.leftover_processes() == []
+    # the identity survives the failures: the same peer id as before
+    assert first_id in doomed.log
+
+
+def test_nan_steps_are_not_contributed_and_nan_parameters_are_restored(daemons, testtasks_env):
+    peer = daemons("nan", faulty(nan_loss_at_steps=[3, 4], nan_params_at_step=12), env=testtasks_env)
+    status = peer.wait_status(
+        lambda s: s["restores_total"] >= 1 and s["local_epoch"] >= 6, 120, "NaN parameters restored and training on"
+    )
+    assert status["nonfinite_steps_total"] >= 3  # two NaN losses + the step that met NaN parameters
+    assert status["loss"] is not None and status["loss"] == status["loss"]  # finite again
+    assert "this step is not contributed" in peer.log and "restoring the last good state" in peer.log
+    assert peer.terminate() == 0
+
+
+def test_sigkill_leaves_no_process_and_a_restart_skips_a_corrupt_checkpoint(daemons, testtasks_env):
+    peer = daemons("killed", faulty(), env=testtasks_env)
+    status = peer.wait_status(lambda s: s["local_epoch"] >= 6, 120, "a few epochs and checkpoints")
+    peer_id = status["peer_id"]
+    children = peer.descendants()
+    assert len(children) >= 3  # DHT, p2pd, averagers
+    peer.kill()
+    assert peer.leftover_processes(grace=10) == []
+    assert (peer.state_dir / "swarmd.sock").exists()  # stale: the next start must cope
+
+    checkpoints = sorted((peer.state_dir / "checkpoints").glob("epoch-*"))
+    assert len(checkpoints) >= 2
+    newest, previous = checkpoints[-1], checkpoints[-2]
+    data = bytearray((newest / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "model.safetensors").write_bytes(bytes(data))
+
+    again = daemons("killed-again", faulty(), env=testtasks_env, state_dir=peer.state_dir)
+    status = again.wait_status(lambda s: s["state"] == "training" and s["local_epoch"] is not None, 120, "restart")
+    assert status["peer_id"] == peer_id
+    assert f"checkpoint {newest.name} is corrupt" in again.log
+    previous_epoch = int(previous.name.split("-")[1])
+    assert f"Resuming from checkpoint {previous.name} (epoch {previous_epoch})" in again.log
+    assert status["local_epoch"] >= previous_epoch
+    assert again.terminate() == 0
+    assert again.leftover_processes() == []
+
+
+def test_checkpoint_write_errors_do_not_stop_training(daemons, testtasks_env, tmp_path):
+    state_dir = tmp_path / "nosave"
+    state_dir.mkdir()
+    (state_dir / "checkpoints").write_text("a file where the checkpoint folder should be")
+    peer = daemons("nosave", faulty(), env=testtasks_env, state_dir=state_dir)
+    status = peer.wait_status(
+        lambda s: (s["checkpoint"] or {}).get("failures_total", 0) >= 2 and s["local_epoch"] >= 5, 120, "failed saves"
+    )
+    assert status["state"] == "training"
+    assert "the previous checkpoint is kept and training goes on" in peer.log
+    assert peer.terminate() == 0
