@@ -83,3 +83,16 @@ def test_checkpoint_write_errors_do_not_stop_training(daemons, testtasks_env, tm
     assert status["state"] == "training"
     assert "the previous checkpoint is kept and training goes on" in peer.log
     assert peer.terminate() == 0
+
+
+def test_a_hung_step_does_not_hold_up_the_stop(daemons, testtasks_env):
+    config = faulty(hang_at_step=8)
+    config["daemon"]["shutdown_timeout"] = 12.0
+    peer = daemons("hung", config, env=testtasks_env)
+    peer.wait_status(lambda s: s["steps_total"] >= 7, 120, "training up to the hang")
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert peer.terminate(timeout=60) == 0
+    assert time.monotonic() - started < 12.0 + 5.0  # the documented bound, plus process exit
+    assert "did not finish in time: abandoning it" in peer.log
+    assert peer.leftover_processes() == []

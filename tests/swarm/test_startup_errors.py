@@ -40,6 +40,15 @@ def test_config_errors_exit_2(tmp_path, args, fragments):
     assert_one_line(join(tmp_path, *args), 2, *fragments)
 
 
+def test_missing_and_invalid_config_files_exit_2(tmp_path):
+    result = run_cli("join", "--config", str(tmp_path / "nope.yaml"), timeout=60)
+    assert_one_line(result, 2, "nope.yaml does not exist")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("swarm:\n  target_batch_size: [1, 2\n")
+    result = run_cli("join", "--config", str(broken), timeout=60)
+    assert_one_line(result, 2, "is not valid YAML at line")
+
+
 def test_unreachable_initial_peer_exits_3_with_advice(tmp_path):
     config = peer_config(network={"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "bootstrap_attempts": 2, "bootstrap_retry_delay": 0.5})
     result = join(tmp_path, "--initial-peers", UNREACHABLE, config=config)
