@@ -37,7 +37,7 @@ def status(
 
 
 def _default_state_dir() -> str:
-    from swarmd.config.schema import default_state_dir
+    from swarmd.config.paths import default_state_dir
 
     return default_state_dir()
 

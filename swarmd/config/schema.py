@@ -7,13 +7,13 @@ own `Config` model (see swarmd/tasks); this file holds what every task shares.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from swarmd.config.multiaddr import check_multiaddr
+from swarmd.config.paths import default_state_dir
 
 __all__ = [
     "DEFAULT_PORT",
@@ -32,14 +32,6 @@ __all__ = [
 
 DEFAULT_PORT = 31337
 """TCP port a peer listens on by default (all interfaces). Open it in your firewall, or use --client-mode."""
-
-
-def default_state_dir() -> str:
-    """systemd's StateDirectory= when run as a service, else the XDG state dir of the user."""
-    if os.environ.get("STATE_DIRECTORY"):
-        return os.environ["STATE_DIRECTORY"].split(":")[0]
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(xdg, "swarmd")
 
 
 class StrictModel(BaseModel):

@@ -9,12 +9,12 @@ from typing import Any
 
 from swarmd.errors import DaemonNotRunning
 
-__all__ = ["read_status", "socket_path"]
+__all__ = ["SOCKET_NAME", "read_status", "socket_path"]
+
+SOCKET_NAME = "swarmd.sock"
 
 
 def socket_path(state_dir: str | Path) -> Path:
-    from swarmd.status.server import SOCKET_NAME
-
     return Path(state_dir).expanduser() / SOCKET_NAME
 
 

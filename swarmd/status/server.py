@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from swarmd.errors import StartupError
+from swarmd.status.client import SOCKET_NAME
 
 __all__ = ["SOCKET_NAME", "StatusServer"]
 
 logger = logging.getLogger(__name__)
-
-SOCKET_NAME = "swarmd.sock"
 _REQUEST_LIMIT = 4096
 
 
