@@ -16,7 +16,10 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from daemons import DaemonProcess, peer_config  # noqa: E402,F401 - re-exported for the benchmarks
 
-__all__ = ["REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate"]
+__all__ = [
+    "REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate",
+    "install_testtasks", "p2pd_bytes",
+]
 
 
 def interleave(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
@@ -66,3 +69,32 @@ def install_testtasks(target: Path) -> dict:
         check=True,
     )
     return {"PYTHONPATH": f"{target}:{REPO}"}
+
+
+def p2pd_bytes(daemon: DaemonProcess) -> tuple[int, int]:
+    """(sent, received) bytes over the TCP connections of the daemon's p2pd, from the kernel's tcp_info (ss)."""
+    import subprocess as sp
+
+    from swarmd.swarm.children import descendant_pids
+
+    pids = set()
+    for pid in descendant_pids(daemon.proc.pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "p2pd":
+                    pids.add(pid)
+        except OSError:
+            pass
+    output = sp.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=True).stdout
+    sent = received = 0
+    owner = None
+    for line in output.splitlines():
+        if not line.startswith(("\t", " ")):
+            owner = next((pid for pid in pids if f"pid={pid}," in line), None)
+            continue
+        if owner is None:
+            continue
+        fields = dict(item.split(":", 1) for item in line.split() if ":" in item and not item.startswith("("))
+        sent += int(fields.get("bytes_acked", 0))
+        received += int(fields.get("bytes_received", 0))
+    return sent, received

@@ -10,15 +10,10 @@ the garbage peer joined and after EPOCHS more global epochs, and the averaging r
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from daemons import DaemonProcess, peer_config  # noqa: E402
+from common import DaemonProcess, install_testtasks, peer_config
 
 
 def config(guard: bool, grad_scale: float = 1.0) -> dict:
@@ -72,13 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        target = root / "testtasks"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-             str(REPO / "tests" / "fixtures" / "testtasks")],
-            check=True,
-        )
-        env = {"PYTHONPATH": f"{target}:{REPO}"}
+        env = install_testtasks(root / "testtasks")
         rows = {guard: run(guard, args.scale, args.epochs, root, env) for guard in (True, False)}
     print(f"\nGarbage peer with gradients x {args.scale:g}; honest peer 'a', {args.epochs} global epochs after it joined")
     print(f"{'guards':<8} {'initial':>9} {'before':>9} {'after':>9} {'worst':>9} {'after/before':>13} {'rejected':>9} {'restores':>9}")

@@ -22,6 +22,8 @@ class WorkerStats:
     samples_total: int = 0
     loss: Optional[float] = None  # mean over the last few steps
     last_step_seconds: Optional[float] = None
+    compute_seconds_total: float = 0.0  # forward + backward
+    optimizer_seconds_total: float = 0.0  # inside hivemind.Optimizer.step: accumulation, averaging waits, updates
     failures_total: int = 0  # training steps that raised
     nonfinite_steps_total: int = 0  # steps whose loss or gradients were NaN/Inf (not contributed)
     restores_total: int = 0  # times the parameters were restored from the in-memory backup
@@ -39,11 +41,15 @@ class WorkerStats:
     _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the collector
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record_step(self, *, samples: int, seconds: float, loss: float, metrics: Optional[dict] = None) -> None:
+    def record_step(
+        self, *, samples: int, seconds: float, loss: float, optimizer_seconds: float = 0.0, metrics: Optional[dict] = None
+    ) -> None:
         with self._lock:
             self.steps_total += 1
             self.samples_total += samples
             self.last_step_seconds = seconds
+            self.optimizer_seconds_total += optimizer_seconds
+            self.compute_seconds_total += seconds - optimizer_seconds
             self._window.append((time.monotonic(), samples, seconds, loss))
             recent = [entry[3] for entry in list(self._window)[-10:] if math.isfinite(entry[3])]
             self.loss = sum(recent) / len(recent) if recent else None

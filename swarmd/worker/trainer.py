@@ -202,13 +202,19 @@ class TrainingWorker:
             return
 
         epoch_before = self.optimizer.local_epoch
+        optimizer_started = time.perf_counter()
         self.optimizer.step(batch_size=output.batch_size, grad_scaler=self.scaler)
         if self.scaler is not None:
             self.scaler.update()
         if not self.reuse_grad_buffers:
             self._zero_grad()
+        finished = time.perf_counter()
         self.stats.record_step(
-            samples=output.batch_size, seconds=time.perf_counter() - started, loss=loss_value, metrics=output.metrics
+            samples=output.batch_size,
+            seconds=finished - started,
+            loss=loss_value,
+            optimizer_seconds=finished - optimizer_started,
+            metrics=output.metrics,
         )
         if self.optimizer.local_epoch != epoch_before:
             self._on_new_epoch(epoch_before)

@@ -1,0 +1,152 @@
+"""Swarm utilization: two peers, each pinned to its own core, against one solo peer pinned to one core.
+
+For each collaboration strategy the table shows per-peer samples/s over the solo peer's samples/s (goal >= 0.90
+with the best strategy), the fraction of wall time a step spends inside hivemind.Optimizer.step (accumulating,
+waiting on averaging, updating), global epochs per minute, and bytes sent per global epoch per peer (p2pd's TCP
+counters). Strategies and solo runs are interleaved; medians over the repeats.
+
+    python benchmarks/swarm_utilization.py [--repeats 2] [--window 25] [--strategies sync dpu local5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import DaemonProcess, machine, p2pd_bytes, peer_config, print_table, summary
+
+MODEL_BYTES = 0.54e6 * 4
+
+STRATEGIES = {
+    # synchronous gradient averaging every global epoch (pre-scheduled matchmaking); parameters are identical
+    # after identical updates, so they are only re-averaged now and then to repair drift
+    "sync": {"average_state_every": 10},
+    "sync-state1": {"average_state_every": 1},
+    # delayed parameter updates: averaging and the optimizer step run in the background, one epoch stale
+    "dpu": {"delay_grad_averaging": True, "delay_optimizer_step": True, "average_state_every": 10},
+    # local updates every step, parameters averaged every k global epochs
+    "local1": {"use_local_updates": True, "average_state_every": 1},
+    "local5": {"use_local_updates": True, "average_state_every": 5},
+}
+
+
+def config(data: str, swarm: dict, args) -> dict:
+    return peer_config(
+        task={"name": "swin", "eval_every_epochs": 0, "data": {"path": data}},
+        swarm={
+            "target_batch_size": args.target_batch_size,
+            "matchmaking_time": args.matchmaking_time,
+            "averaging_timeout": 30.0,
+            **swarm,
+        },
+        training={"batch_size": 32, "threads": 1, "seed": 0},
+        checkpoint={"enabled": False},
+        metrics={"enabled": False},
+        daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0},
+    )
+
+
+def pinned(daemon: DaemonProcess, core: int) -> DaemonProcess:
+    daemon.args = ["taskset", "-c", str(core), *daemon.args]
+    return daemon.start()
+
+
+def measure(peers: list[DaemonProcess], args) -> dict:
+    for peer in peers:
+        peer.wait_status(
+            lambda s: s["state"] == "training" and s["steps_total"] > 0 and s["num_peers"] == len(peers), 300, "training"
+        )
+    time.sleep(args.warmup)
+    first = [p.status() for p in peers]
+    sent0 = [p2pd_bytes(p)[0] for p in peers]
+    started = time.monotonic()
+    time.sleep(args.window)
+    elapsed = time.monotonic() - started
+    last = [p.status() for p in peers]
+    sent1 = [p2pd_bytes(p)[0] for p in peers]
+    rates = [(b["samples_total"] - a["samples_total"]) / elapsed for a, b in zip(first, last)]
+    waits = [(b["optimizer_seconds_total"] - a["optimizer_seconds_total"]) / elapsed for a, b in zip(first, last)]
+    epochs = max(b["local_epoch"] - a["local_epoch"] for a, b in zip(first, last))
+    averaged = [b["averaging"].get("gradients", {}).get("success", 0) + b["averaging"].get("state", {}).get("success", 0) for b in last]
+    return {
+        "rate": statistics.mean(rates),
+        "wait": statistics.mean(waits),
+        "epochs_per_min": epochs / elapsed * 60,
+        "bytes_per_epoch": statistics.mean(s1 - s0 for s0, s1 in zip(sent0, sent1)) / max(epochs, 1),
+        "averaged_rounds": min(averaged),
+    }
+
+
+def run_solo(data: str, root: Path, args, counter: list[int]) -> dict:
+    counter[0] += 1
+    peer = pinned(DaemonProcess(root / f"solo-{counter[0]}", config(data, STRATEGIES["sync"], args), name="solo"), 0)
+    try:
+        return measure([peer], args)
+    finally:
+        peer.close()
+
+
+def run_pair(name: str, data: str, root: Path, args, counter: list[int]) -> dict:
+    counter[0] += 1
+    cfg = config(data, STRATEGIES[name], args)
+    a = pinned(DaemonProcess(root / f"{name}-a-{counter[0]}", cfg, name="a"), 0)
+    peers = [a]
+    try:
+        extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
+        peers.append(pinned(DaemonProcess(root / f"{name}-b-{counter[0]}", cfg, extra_args=extra, name="b"), 1))
+        return measure(peers, args)
+    finally:
+        for peer in peers:
+            peer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument("--window", type=float, default=25.0)
+    parser.add_argument("--target-batch-size", type=int, default=2048)
+    parser.add_argument("--matchmaking-time", type=float, default=2.0)
+    parser.add_argument("--strategies", nargs="+", default=["sync", "dpu", "local5"], choices=list(STRATEGIES))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root, data, counter = Path(tmp), str(Path(tmp) / "data"), [0]
+        variants = {"solo": lambda: run_solo(data, root, args, counter)}
+        for name in args.strategies:
+            variants[name] = lambda name=name: run_pair(name, data, root, args, counter)
+        results = {name: [] for name in variants}
+        for repeat in range(args.repeats):
+            for name, run in variants.items():
+                result = run()
+                results[name].append(result)
+                print(f"  [{repeat + 1}/{args.repeats}] {name}: {result}", flush=True)
+    solo = statistics.median(r["rate"] for r in results["solo"])
+    rows = []
+    for name, runs in results.items():
+        rates = [r["rate"] for r in runs]
+        rows.append([
+            name,
+            summary(rates),
+            f"{statistics.median(rates) / solo:.2f}",
+            f"{statistics.median(r['wait'] for r in runs):.2f}",
+            f"{statistics.median(r['epochs_per_min'] for r in runs):.1f}",
+            f"{statistics.median(r['bytes_per_epoch'] for r in runs) / 1e6:.2f}" if name != "solo" else "-",
+            f"{min(r['averaged_rounds'] for r in runs)}",
+        ])
+    print_table(
+        f"Swarm utilization: micro Swin (0.54M params, {MODEL_BYTES / 1e6:.1f} MB fp32), batch 32, 1 thread per peer, "
+        f"target batch {args.target_batch_size}, matchmaking {args.matchmaking_time:g} s; window {args.window:g} s "
+        f"after {args.warmup:g} s warm-up, {args.repeats} repeats\n{machine()}",
+        ["strategy", "samples/s per peer median [min..max]", "vs solo", "time in opt.step", "epochs/min",
+         "MB sent/epoch/peer", "rounds averaged (min)"],
+        rows,
+    )
+    print(f"fp32 gradient all-reduce per epoch per peer, 2(N-1)/N x model bytes: {MODEL_BYTES / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
