@@ -72,11 +72,12 @@ def install_service(
     warnings: list[str] = []
     config_text = _config_text(config, unit, state_dir, warnings)
     command = exec_command()
-    for path in {command[0], str(Path(__file__).resolve().parent)}:
+    # the console script, the Python it runs (a venv links to it), and this package (an editable install)
+    for path in sorted({command[0], os.path.realpath(sys.executable), str(Path(__file__).resolve().parent)}):
         if path.startswith(_HIDDEN_FROM_SERVICE):
             warnings.append(
-                f"{path} is not visible to the service (ProtectHome=, PrivateTmp=): install swarmd outside home "
-                "and temporary directories, e.g. in a venv under /opt/swarmd"
+                f"{path} is not visible to the service (ProtectHome=, PrivateTmp=): install swarmd, and the Python "
+                "its venv uses, outside home and temporary directories, e.g. under /opt"
             )
     unit_text = _unit_text(find_unit(unit_file_name).read_text(), command)
 
