@@ -82,7 +82,7 @@ class SystemdNotifier(DaemonExtension):
         if self.watchdog is None or daemon.stats is None:
             return {}
         activity, seconds, budget = daemon.stats.activity()
-        allowance = (budget or 0.0) + self.watchdog.interval
+        allowance = _allowance(budget, self.watchdog.interval)
         return {
             "watchdog": {
                 "timeout_seconds": self.watchdog.timeout,
@@ -146,8 +146,13 @@ class SystemdNotifier(DaemonExtension):
 def progress_check(activity: tuple[str, float, Optional[float]], interval: float) -> tuple[bool, str]:
     """(whether the worker's current activity is within its allowance, a description of it)."""
     name, seconds, budget = activity
-    allowance = (budget or 0.0) + interval
+    allowance = _allowance(budget, interval)
     return seconds <= allowance, f"{name} for {seconds:.1f} s, allowed {allowance:.1f} s"
+
+
+def _allowance(budget: Optional[float], interval: float) -> float:
+    """How long an activity may go on: its budget (none for the worker's own work) plus one ping interval."""
+    return (budget or 0.0) + interval
 
 
 def status_line(snapshot: dict[str, Any]) -> str:
