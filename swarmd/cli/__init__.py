@@ -35,11 +35,12 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, join, status, tasks
+    from swarmd.cli import config_cmd, join, service, status, tasks
 
     join.register(app)
     status.register(app)
     app.add_typer(config_cmd.app, name="config")
+    app.add_typer(service.app, name="service")
     tasks.register(app)
 
 

@@ -40,5 +40,10 @@ class DaemonExtension:
 
 def build_extensions(config) -> list[DaemonExtension]:
     """The extensions this config asks for, in start order."""
+    from swarmd.daemon.systemd import systemd_notifier
+
     extensions: list[DaemonExtension] = []
+    notifier = systemd_notifier()  # only when systemd started us (Type=notify sets $NOTIFY_SOCKET)
+    if notifier is not None:
+        extensions.append(notifier)
     return extensions

@@ -1,5 +1,9 @@
 """What the training worker measured: written by the worker thread, read by the daemon's tick.
 
+It also holds the worker's heartbeat, `begin(activity, budget)`: what the worker is doing now, since when, and
+how long that may legitimately take. systemd's watchdog is fed only while the current activity is within its
+allowance (swarmd/daemon/systemd.py), so a hung training step lets the watchdog fire.
+
 No torch import: the status and metrics code reads this.
 """
 
@@ -40,6 +44,22 @@ class WorkerStats:
     _losses_this_epoch: list = field(default_factory=list)
     _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the collector
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # (activity, monotonic time it began, budget in seconds or None): one tuple, so one atomic assignment
+    _activity: tuple = field(default_factory=lambda: ("starting", time.monotonic(), None))
+
+    def begin(self, activity: str, budget: Optional[float] = None) -> None:
+        """The worker starts `activity` (which is also a sign of life).
+
+        `budget`: seconds it may legitimately take while waiting on others (averaging, a state download, a
+        backoff), derived from the config by the worker. None for the worker's own work (a batch, forward,
+        backward), which must show progress within one watchdog interval.
+        """
+        self._activity = (activity, time.monotonic(), budget)
+
+    def activity(self) -> tuple[str, float, Optional[float]]:
+        """(what the worker is doing, seconds since it began, its budget or None)."""
+        name, since, budget = self._activity
+        return name, time.monotonic() - since, budget
 
     def record_step(
         self, *, samples: int, seconds: float, loss: float, optimizer_seconds: float = 0.0, metrics: Optional[dict] = None

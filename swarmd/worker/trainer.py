@@ -7,7 +7,8 @@ The daemon's event loop never blocks on training; this thread never touches the 
   non-finite;
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
   exits 1) only after `max_consecutive_failures` failures in a row;
-- at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs.
+- at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs;
+- says what it is doing and for how long that may legitimately last (`stats.begin`), for systemd's watchdog.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BACKOFF_CAP_SECONDS = 30.0
 _SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's progress before training
+# Work no config setting bounds; generous, so a large validation set or a slow disk is not taken for a hang.
+_EVALUATION_BUDGET_SECONDS = 1800.0
+_CHECKPOINT_BUDGET_SECONDS = 600.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,6 +88,13 @@ class TrainingWorker:
         self._backup: Optional[list[torch.Tensor]] = None
         self._backup_epoch: Optional[int] = None
         self._backup_state_loads = 0
+        # How long hivemind may legitimately keep this thread waiting (the watchdog's allowance, stats.begin):
+        # a state download is load_state_attempts tries of load_state_timeout, after waiting for a delayed
+        # update; optimizer.step() may wait for the previous delayed update, average gradients (matchmaking +
+        # averaging_timeout) and average state in the foreground, and may download state when out of sync.
+        swarm = config.swarm
+        self._download_budget = swarm.load_state_attempts * swarm.load_state_timeout + swarm.averaging_timeout
+        self._step_budget = swarm.matchmaking_time + 3 * swarm.averaging_timeout + self._download_budget
 
     # --- control (called from the daemon) -------------------------------------------------------------------
 
@@ -121,6 +132,7 @@ class TrainingWorker:
         """Before training: see the swarm's progress and, if it is ahead, download its state (bounded)."""
         self.stats.phase = "joining"
         tracker = self.optimizer.tracker
+        self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
         tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
         if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
             logger.info(
@@ -129,6 +141,7 @@ class TrainingWorker:
                 self.optimizer.local_epoch,
             )
             try:
+                self.stats.begin("downloading the swarm's state", self._download_budget)
                 self.optimizer.load_state_from_peers()
                 logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
             except StateLoadFailed as e:
@@ -139,6 +152,7 @@ class TrainingWorker:
         """Auxiliary peers only help average; hivemind wants step() called regularly."""
         self.stats.phase = "assisting"
         while not self._stop.is_set():
+            self.stats.begin("averaging", self._step_budget)
             self.optimizer.step()
             self._after_step_epoch_check()
             self._stop.wait(0.2)
@@ -150,12 +164,14 @@ class TrainingWorker:
         consecutive_failures = 0
         while not self._stop.is_set():
             try:
+                self.stats.begin("computing")  # the next batch, forward, backward
                 self._step(next(batches))
                 consecutive_failures = 0
             except (StopIteration, KeyboardInterrupt):
                 raise
             except StateLoadFailed as e:
                 logger.warning("%s; retrying after a pause", e)
+                self.stats.begin("pausing after a failed state download", 5.0)
                 self._stop.wait(5.0)
             except Exception as e:  # noqa: BLE001 - a failing step is survivable up to a bound
                 consecutive_failures += 1
@@ -172,6 +188,7 @@ class TrainingWorker:
                     delay,
                 )
                 self.stats.phase = "restarting"
+                self.stats.begin("backing off after a failed step", delay)
                 self._stop.wait(delay)
                 self._restore_backup()
                 batches = iter(self.task.train_batches(self.data_seed + self.stats.failures_total))
@@ -202,6 +219,7 @@ class TrainingWorker:
             return
 
         epoch_before = self.optimizer.local_epoch
+        self.stats.begin("optimizer step", self._step_budget)
         optimizer_started = time.perf_counter()
         self.optimizer.step(batch_size=output.batch_size, grad_scaler=self.scaler)
         if self.scaler is not None:
@@ -235,10 +253,13 @@ class TrainingWorker:
             self._restore_backup()
             return
         self._take_backup()
+        if self._stop.is_set():
+            return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet
         every = self.task.eval_every_epochs
         if every and epoch % every == 0 and not self.auxiliary:
             self._evaluate(epoch)
         if self.save_checkpoint is not None and epoch % self.config.checkpoint.every_epochs == 0:
+            self.stats.begin("saving a checkpoint", _CHECKPOINT_BUDGET_SECONDS)
             self.save_checkpoint()
         max_epochs = self.config.training.max_epochs
         if max_epochs and epoch >= max_epochs:
@@ -248,6 +269,7 @@ class TrainingWorker:
 
     def _evaluate(self, epoch: int) -> None:
         started = time.perf_counter()
+        self.stats.begin("evaluating", _EVALUATION_BUDGET_SECONDS)
         results = self.task.evaluate(self.model)
         if results:
             self.stats.last_eval, self.stats.last_eval_epoch = results, epoch

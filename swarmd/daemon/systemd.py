@@ -1,0 +1,171 @@
+"""Run under systemd (Type=notify): readiness, a status line, a watchdog that tracks training progress, stopping.
+
+- READY=1 (with MAINPID) once the DHT is up, the optimizer is built and the worker started (the `ready` hook);
+- STATUS=<one line> on every tick: phase, epoch, peers, samples/s, loss; `systemctl status` shows it;
+- WATCHDOG=1 every half of $WATCHDOG_USEC, but only while the training worker makes progress or waits
+  legitimately: its current activity (worker/stats.py `begin`) is within its allowance, which is the budget
+  the worker derived from the config (averaging_timeout, load_state_timeout, ...) plus one ping interval. The
+  worker's own work (a batch, forward, backward) has no budget: it must show progress within one interval, so
+  systemd fires between 1 and 1.5 WatchdogSec after such work stops progressing. A blocked event loop stops the
+  pings too;
+- STOPPING=1 when the graceful stop begins, with EXTEND_TIMEOUT_USEC covering daemon.shutdown_timeout, so a
+  shutdown_timeout raised in the config is not cut short by the unit's TimeoutStopSec.
+
+When the watchdog is on, faulthandler is enabled: the SIGABRT systemd sends on a watchdog timeout first prints
+every thread's stack to the journal, which shows where training hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import logging
+import os
+from typing import Any, Optional
+
+from swarmd.daemon.extensions import DaemonExtension
+from swarmd.daemon.sdnotify import Notifier, WatchdogSettings, watchdog_settings
+
+__all__ = ["SystemdNotifier", "systemd_notifier", "status_line", "progress_check", "STOP_MARGIN_SECONDS"]
+
+logger = logging.getLogger("swarmd.systemd")
+
+STOP_MARGIN_SECONDS = 30.0  # beyond daemon.shutdown_timeout: killing leftovers, closing sockets, exiting
+_ENVIRONMENT = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def systemd_notifier() -> Optional["SystemdNotifier"]:
+    """The extension when systemd started us with a notification socket ($NOTIFY_SOCKET), else None."""
+    notifier = Notifier.from_environment()
+    if notifier is None:
+        return None
+    return SystemdNotifier(notifier, watchdog_settings())
+
+
+class SystemdNotifier(DaemonExtension):
+    def __init__(self, notifier: Notifier, watchdog: Optional[WatchdogSettings]):
+        self.notifier = notifier
+        self.watchdog = watchdog
+        self._tasks: list[asyncio.Task] = []
+        self._ready = False
+        self._stalled_since_ping = False
+
+    async def start(self, daemon) -> None:
+        # hivemind's processes inherit the environment; these are meant for this process only (sd_notify(3)).
+        for name in _ENVIRONMENT:
+            os.environ.pop(name, None)
+        if self.watchdog is not None:
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr without a file descriptor
+                faulthandler.enable(all_threads=True)
+            logger.info(
+                "systemd's watchdog expects a sign of life every %g s; pinging every %g s while training progresses",
+                self.watchdog.timeout,
+                self.watchdog.interval,
+            )
+        self._tasks.append(asyncio.get_running_loop().create_task(self._report_startup(daemon, interval=1.0)))
+
+    def ready(self, daemon) -> None:
+        self._ready = True
+        self.notifier.send("READY=1", f"MAINPID={os.getpid()}", "STATUS=" + status_line(daemon.snapshot()))
+        if self.watchdog is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._feed_watchdog(daemon)))
+
+    async def tick(self, daemon, snapshot: dict[str, Any]) -> None:
+        line = status_line(snapshot)
+        check = self._check(daemon)
+        if check is not None and not check[0]:
+            line = f"stalled ({check[1]}); {line}"
+        self.notifier.send("STATUS=" + line)
+
+    def snapshot_fields(self, daemon) -> dict[str, Any]:
+        if self.watchdog is None or daemon.stats is None:
+            return {}
+        activity, seconds, budget = daemon.stats.activity()
+        allowance = _allowance(budget, self.watchdog.interval)
+        return {
+            "watchdog": {
+                "timeout_seconds": self.watchdog.timeout,
+                "activity": activity,
+                "activity_seconds": round(seconds, 3),
+                "allowance_seconds": round(allowance, 3),
+                "progressing": seconds <= allowance,
+            }
+        }
+
+    def stopping(self, daemon) -> None:
+        for task in self._tasks:
+            task.cancel()
+        extend = int((daemon.config.daemon.shutdown_timeout + STOP_MARGIN_SECONDS) * 1e6)
+        self.notifier.send("STOPPING=1", f"EXTEND_TIMEOUT_USEC={extend}", "STATUS=stopping (saving, saying goodbye)")
+
+    async def close(self, daemon) -> None:
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.notifier.close()
+
+    # --- background ----------------------------------------------------------------------------------------
+
+    async def _report_startup(self, daemon, interval: float) -> None:
+        """Until ready: what the start is doing, for `systemctl status` during a long start."""
+        last = None
+        while not self._ready:
+            line = {"starting": "starting: preparing the task and model", "joining": "joining the swarm"}.get(
+                daemon.state, daemon.state
+            )
+            if line != last:
+                self.notifier.send("STATUS=" + line)
+                last = line
+            await asyncio.sleep(interval)
+
+    async def _feed_watchdog(self, daemon) -> None:
+        while True:
+            check = self._check(daemon)
+            if check is None or check[0]:
+                if self._stalled_since_ping:
+                    logger.info("The training worker is progressing again; feeding systemd's watchdog")
+                    self._stalled_since_ping = False
+                self.notifier.send("WATCHDOG=1")
+            elif not self._stalled_since_ping:
+                self._stalled_since_ping = True
+                logger.warning(
+                    "The training worker has stopped progressing (%s): no longer feeding systemd's watchdog, "
+                    "which restarts swarmd within %g s unless it recovers",
+                    check[1],
+                    self.watchdog.timeout,
+                )
+            await asyncio.sleep(self.watchdog.interval)
+
+    def _check(self, daemon) -> Optional[tuple[bool, str]]:
+        if self.watchdog is None or daemon.stats is None:
+            return None
+        return progress_check(daemon.stats.activity(), self.watchdog.interval)
+
+
+def progress_check(activity: tuple[str, float, Optional[float]], interval: float) -> tuple[bool, str]:
+    """(whether the worker's current activity is within its allowance, a description of it)."""
+    name, seconds, budget = activity
+    allowance = _allowance(budget, interval)
+    return seconds <= allowance, f"{name} for {seconds:.1f} s, allowed {allowance:.1f} s"
+
+
+def _allowance(budget: Optional[float], interval: float) -> float:
+    """How long an activity may go on: its budget (none for the worker's own work) plus one ping interval."""
+    return (budget or 0.0) + interval
+
+
+def status_line(snapshot: dict[str, Any]) -> str:
+    """One line for `systemctl status`: phase: epoch (swarm's epoch), peers, samples/s, loss."""
+    parts = []
+    epoch, swarm_epoch = snapshot.get("local_epoch"), snapshot.get("global_epoch")
+    if epoch is not None:
+        behind = swarm_epoch is not None and swarm_epoch != epoch
+        parts.append(f"epoch {epoch}" + (f" (swarm at {swarm_epoch})" if behind else ""))
+    peers = snapshot.get("num_peers")
+    if peers is not None:
+        parts.append(f"{peers} peer" + ("" if peers == 1 else "s"))
+    parts.append(f"{snapshot.get('samples_per_second') or 0.0:.1f} samples/s")
+    if snapshot.get("loss") is not None:
+        parts.append(f"loss {snapshot['loss']:.4g}")
+    return f"{snapshot.get('phase') or snapshot.get('state')}: " + ", ".join(parts)

@@ -1,0 +1,160 @@
+"""systemd's watchdog is fed only while training progresses or waits within its configured bounds."""
+
+import asyncio
+import logging
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from swarmd.config import load_config
+from swarmd.daemon.sdnotify import Notifier, WatchdogSettings
+from swarmd.daemon.systemd import STOP_MARGIN_SECONDS, SystemdNotifier, progress_check, status_line
+from swarmd.worker.stats import WorkerStats
+
+from notify_receiver import NotifyReceiver
+
+
+def test_progress_check_allowances():
+    interval = 60.0
+    # the worker's own work (no budget): one ping interval
+    assert progress_check(("computing", 59.0, None), interval)[0]
+    assert not progress_check(("computing", 61.0, None), interval)[0]
+    # a legitimate wait: its budget plus one interval
+    assert progress_check(("downloading the swarm's state", 400.0, 390.0), interval)[0]
+    assert not progress_check(("downloading the swarm's state", 451.0, 390.0), interval)[0]
+    ok, text = progress_check(("optimizer step", 12.34, 5.0), 1.5)
+    assert not ok and text == "optimizer step for 12.3 s, allowed 6.5 s"
+
+
+def test_stats_heartbeat_ages():
+    stats = WorkerStats()
+    stats.begin("averaging", 30.0)
+    time.sleep(0.05)
+    name, seconds, budget = stats.activity()
+    assert (name, budget) == ("averaging", 30.0) and seconds >= 0.05
+    stats.begin("computing")
+    assert stats.activity()[0] == "computing" and stats.activity()[1] < 0.05 and stats.activity()[2] is None
+
+
+def test_status_line():
+    snapshot = {"phase": "training", "local_epoch": 12, "global_epoch": 12, "num_peers": 3, "samples_per_second": 245.31, "loss": 2.3104}
+    assert status_line(snapshot) == "training: epoch 12, 3 peers, 245.3 samples/s, loss 2.31"
+    behind = {"phase": "joining", "state": "training", "local_epoch": 0, "global_epoch": 40, "num_peers": 1, "samples_per_second": 0.0, "loss": None}
+    assert status_line(behind) == "joining: epoch 0 (swarm at 40), 1 peer, 0.0 samples/s"
+
+
+def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, caplog):
+    receiver = NotifyReceiver(str(tmp_path / "notify.sock"))
+    stats = WorkerStats()
+    daemon = SimpleNamespace(
+        stats=stats,
+        state="training",
+        config=SimpleNamespace(daemon=SimpleNamespace(shutdown_timeout=60.0)),
+        snapshot=lambda: {"phase": stats.phase, "local_epoch": 1, "global_epoch": 1, "num_peers": 1, "samples_per_second": 1.0},
+    )
+    interval = 0.5
+    extension = SystemdNotifier(Notifier(str(tmp_path / "notify.sock")), WatchdogSettings(timeout=2 * interval))
+    marks = {}
+
+    async def scenario():
+        await extension.start(daemon)
+        await asyncio.sleep(0.05)  # the start-up continues on the loop: a STATUS line says what it does
+        stats.phase = "training"
+        stats.begin("computing")
+        extension.ready(daemon)
+        marks["ready"] = time.time()
+        while time.time() - marks["ready"] < 2.5:  # steps that keep finishing
+            stats.begin("computing")
+            await asyncio.sleep(0.05)
+        marks["hung"] = time.time()  # no more sign of life from the worker
+        await asyncio.sleep(2.5)
+        stats.begin("downloading the swarm's state", 1.5)  # a legitimate wait, bounded by the config
+        marks["waiting"] = time.time()
+        await asyncio.sleep(3.5)
+        extension.stopping(daemon)
+        await extension.close(daemon)
+
+    with caplog.at_level(logging.INFO, logger="swarmd.systemd"):
+        asyncio.run(scenario())
+    time.sleep(0.3)
+    receiver.close()
+
+    messages = [m for _, m in receiver.messages]
+    assert messages[0].startswith("STATUS=")
+    ready = [m for m in messages if m.startswith("READY=1")]
+    assert len(ready) == 1 and "MAINPID=" in ready[0] and "STATUS=training: epoch 1" in ready[0]
+    # progressing: a ping every interval, never as late as the watchdog timeout
+    progressing = receiver.pings(marks["ready"], marks["hung"])
+    gaps = [b - a for a, b in zip(progressing, progressing[1:])]
+    assert len(progressing) >= 4 and max(gaps) < 2 * interval, gaps
+    # hung: pings stop once the allowance (one interval) is spent; the check after that stays silent
+    assert receiver.pings(marks["hung"] + interval + 0.1, marks["waiting"]) == []
+    assert "stopped progressing (computing for" in caplog.text
+    # waiting legitimately: pings again, until the budget (1.5 s) plus one interval is spent
+    assert len(receiver.pings(marks["waiting"], marks["waiting"] + 1.5)) >= 2
+    assert receiver.pings(marks["waiting"] + 1.5 + interval + 0.1) == []
+    assert "progressing again" in caplog.text
+    stopping = [m for m in messages if m.startswith("STOPPING=1")]
+    assert stopping == [f"STOPPING=1\nEXTEND_TIMEOUT_USEC={int((60 + STOP_MARGIN_SECONDS) * 1e6)}\nSTATUS=stopping (saving, saying goodbye)"]
+
+
+def test_the_worker_declares_its_waits_with_budgets_from_the_config():
+    import torch
+
+    from swarmd.tasks.base import StepOutput
+    from swarmd.worker.trainer import TrainingWorker
+
+    config = load_config(
+        None,
+        environ={},
+        assignments=[
+            "swarm.matchmaking_time=1",
+            "swarm.averaging_timeout=3",
+            "swarm.load_state_timeout=7",
+            "swarm.load_state_attempts=2",
+        ],
+    )
+    stats = WorkerStats()
+    seen: dict[str, tuple] = {}
+    model = torch.nn.Linear(2, 1)
+
+    class Task:
+        context = SimpleNamespace(device=torch.device("cpu"))
+        eval_every_epochs = 0
+
+        def train_batches(self, seed):
+            while True:
+                yield torch.ones(4, 2)
+
+        def training_step(self, model, batch):
+            seen["training_step"] = stats.activity()
+            return StepOutput(loss=model(batch).sum(), batch_size=4)
+
+    class Optimizer:
+        local_epoch = 0
+        tracker = SimpleNamespace(
+            fetched_global_progress_this_epoch=threading.Event(), global_epoch=5, global_progress=SimpleNamespace(num_peers=2)
+        )
+        state_averager = SimpleNamespace(offload_optimizer=False)
+
+        def load_state_from_peers(self):
+            seen["load_state_from_peers"] = stats.activity()
+            self.local_epoch = 5
+
+        def step(self, batch_size=None, grad_scaler=None):
+            seen["step"] = stats.activity()
+            worker.request_stop()
+
+    Optimizer.tracker.fetched_global_progress_this_epoch.set()
+    worker = TrainingWorker(task=Task(), model=model, optimizer=Optimizer(), config=config, stats=stats, data_seed=0)
+    worker.start()
+    assert worker.join(30) and worker.failure is None, worker.failure
+
+    download = 2 * 7 + 3  # attempts x load_state_timeout, after waiting for a delayed update (averaging_timeout)
+    assert seen["load_state_from_peers"][0] == "downloading the swarm's state"
+    assert seen["load_state_from_peers"][2] == pytest.approx(download)
+    assert seen["training_step"][0] == "computing" and seen["training_step"][2] is None
+    assert seen["step"][0] == "optimizer step"
+    assert seen["step"][2] == pytest.approx(1 + 3 * 3 + download)  # matchmaking + 3 averaging rounds + a download
