@@ -111,6 +111,9 @@ class SwarmOptimizer(Optimizer):
         self.load_state_attempts = load_state_attempts
         self.prescheduled_averaging = prescheduled_averaging
         self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
+        # upstream documents averager_opts as "forwarded to both" averagers but gives them to the state averager
+        # only; the gradient averager then keeps request_timeout=3 s, above a short matchmaking_time (deadlock risk)
+        self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
         if guard_gradient_norm_ratio > 0 and not kwargs.get("use_local_updates"):
             kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
         self.state_loads_total = 0
@@ -138,6 +141,9 @@ class SwarmOptimizer(Optimizer):
             start=True,
             **kwargs,
         )
+
+    def _make_gradient_averager(self, factory, **kwargs):
+        return super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
 
     def _count_state_load(self) -> None:
         self.state_loads_total += 1
