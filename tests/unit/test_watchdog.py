@@ -137,7 +137,8 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
         tracker = SimpleNamespace(
             fetched_global_progress_this_epoch=threading.Event(), global_epoch=5, global_progress=SimpleNamespace(num_peers=2)
         )
-        state_averager = SimpleNamespace(offload_optimizer=False)
+        state_averager = SimpleNamespace(offload_optimizer=False, main_parameters=list(model.parameters()))
+        state_loads_total = 0
 
         def load_state_from_peers(self):
             seen["load_state_from_peers"] = stats.activity()
