@@ -187,3 +187,34 @@ def run_cli(*args, env: Optional[dict] = None, timeout: float = 120) -> subproce
 
 def last_json(text: str) -> dict:
     return json.loads(text)
+
+
+def blocked_imports_env(root: Path, names=("torch", "hivemind", "timm", "transformers")) -> dict:
+    """Environment for run_cli where importing `names` fails loudly: proves a command does not import them."""
+    for name in names:
+        package = Path(root) / "blocked" / name
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(Path(root) / "blocked"), str(REPO)])}
+
+
+def scrape(address: str, timeout: float = 10) -> str:
+    """The text of http://ADDRESS/metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as response:
+        return response.read().decode()
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    """`promtool check metrics` on `text`. Skips where promtool is missing, but fails under SWARMD_REQUIRE_TOOLS=1 (CI)."""
+    import shutil
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("SWARMD_REQUIRE_TOOLS") == "1":
+            pytest.fail("promtool is required (SWARMD_REQUIRE_TOOLS=1) but missing: apt-get install prometheus")
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)

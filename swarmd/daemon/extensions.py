@@ -39,6 +39,10 @@ class DaemonExtension:
 
 
 def build_extensions(config) -> list[DaemonExtension]:
-    """The extensions this config asks for, in start order."""
+    """The extensions this config asks for, in start order. Their modules import nothing heavy at import time."""
     extensions: list[DaemonExtension] = []
+    if config.metrics.enabled:
+        from swarmd.metrics.extension import MetricsExtension
+
+        extensions.append(MetricsExtension(config.metrics.listen))
     return extensions
