@@ -45,4 +45,7 @@ def build_extensions(config) -> list[DaemonExtension]:
         from swarmd.metrics.extension import MetricsExtension
 
         extensions.append(MetricsExtension(config.metrics.listen))
+    from swarmd.swarm.announcer import PeerAnnouncer
+
+    extensions.append(PeerAnnouncer())
     return extensions
