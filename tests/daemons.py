@@ -206,15 +206,20 @@ def scrape(address: str, timeout: float = 10) -> str:
         return response.read().decode()
 
 
-def promtool_check(text: str) -> subprocess.CompletedProcess:
-    """`promtool check metrics` on `text`. Skips where promtool is missing, but fails under SWARMD_REQUIRE_TOOLS=1 (CI)."""
+def promtool(*args: str, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run promtool. Skips where it is missing, but fails under SWARMD_REQUIRE_TOOLS=1 (as CI runs)."""
     import shutil
 
     import pytest
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
+    path = shutil.which("promtool")
+    if path is None:
         if os.environ.get("SWARMD_REQUIRE_TOOLS") == "1":
             pytest.fail("promtool is required (SWARMD_REQUIRE_TOOLS=1) but missing: apt-get install prometheus")
         pytest.skip("promtool is not installed (Debian package prometheus)")
-    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return subprocess.run([path, *args], input=input, capture_output=True, text=True, timeout=60)
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    """`promtool check metrics` on the text of a scrape."""
+    return promtool("check", "metrics", input=text)

@@ -1,16 +1,19 @@
 """The Prometheus surface: what a scrape shows as the daemon's records move, its lint, and the endpoint itself."""
 
 import asyncio
+import json
 import os
+import re
 import socket
 import time
 import types
 import urllib.request
 
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemons import promtool_check
+from daemons import REPO, promtool, promtool_check
 from swarmd.config import load_config
 from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.metrics.extension import MetricsExtension, split_listen_address
@@ -174,3 +177,30 @@ async def _endpoint_answers_while_starting_and_reports_its_port():
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server does (TIME_WAIT)
         probe.bind(("127.0.0.1", port))  # the listener is gone after close()
         probe.listen()
+
+
+def test_grafana_dashboard_queries_parse_and_use_exported_metrics(tmp_path):
+    dashboard = json.loads((REPO / "configs" / "grafana-swarmd.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 20
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for wanted in ("swarm size", "epoch progress", "eta", "throughput", "loss", "success rate", "averaging duration"):
+        assert wanted in titles, wanted
+
+    metrics, parts = make_metrics(TcpTraffic(lambda: [os.getpid()]))
+    metrics.watch(parts.log)
+    parts.stats.record_step(samples=16, seconds=0.02, loss=2.0)
+    parts.stats.checkpoint_epoch, parts.stats.checkpoint_time = 1, time.time()
+    parts.log.record("state", "success", group_size=2, duration=0.5, epoch=3)
+    exported = {name for name, _ in samples(generate_latest(metrics.registry).decode())}
+    used = {name for expr in exprs for name in re.findall(r"\bswarmd_[a-z_]+\b", expr)} - {"swarmd_state"}
+    assert used <= exported, used - exported
+
+    # promtool parses PromQL in rule files: every query as a recording rule ($run_id as Grafana would fill it)
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": expr.replace("$run_id", ".*")} for i, expr in enumerate(exprs)
+    ]}]}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    result = promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
