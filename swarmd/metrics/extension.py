@@ -39,9 +39,9 @@ class MetricsExtension(DaemonExtension):
         from swarmd.metrics.netstat import P2pdProcesses, TcpTraffic
 
         disable_created_metrics()  # no `_created` series: noise on every dashboard (this process exports only ours)
-        self.metrics = SwarmdMetrics(lambda: _core_snapshot(daemon), TcpTraffic(P2pdProcesses()))
         host, port = split_listen_address(self.listen)
         try:
+            self.metrics = SwarmdMetrics(lambda: _core_snapshot(daemon), TcpTraffic(P2pdProcesses()))
             self._server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
         except OSError as e:
             self.error = f"cannot listen on {self.listen}: {e.strerror or e}"
@@ -49,6 +49,10 @@ class MetricsExtension(DaemonExtension):
                 "Metrics are off: %s; pick another address with --metrics-addr HOST:PORT (port 0: any free port)",
                 self.error,
             )
+            return
+        except Exception as e:  # noqa: BLE001 - an observer must not stop training
+            self.error = repr(e)
+            logger.exception("Metrics are off: the endpoint failed to start")
             return
         bound_port = self._server.server_port
         self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"

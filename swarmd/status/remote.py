@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 from swarmd import __version__
@@ -54,7 +55,9 @@ class RemoteSwarm:
         self.close()
 
     def start(self) -> None:
-        import hivemind
+        with warnings.catch_warnings():  # torch's deprecation notices on import are not the operator's news
+            warnings.simplefilter("ignore")
+            import hivemind
 
         from swarmd.logs import route_hivemind_logs
         from swarmd.swarm.children import tie_children_to_this_process

@@ -37,9 +37,13 @@ class PeerAnnouncer(DaemonExtension):
         self._failures_in_a_row = 0
 
     def record_validators(self, daemon) -> list[Any]:
-        from swarmd.swarm.peer_records import PeerRecords
+        try:
+            from swarmd.swarm.peer_records import PeerRecords
 
-        self.records = PeerRecords(daemon.config.run_id, expiration=self.expiration)
+            self.records = PeerRecords(daemon.config.run_id, expiration=self.expiration)
+        except Exception:  # noqa: BLE001 - an observer must not stop training
+            logger.exception("Peer records are off: their validators could not be built")
+            return []
         return list(self.records.validators)
 
     def ready(self, daemon) -> None:

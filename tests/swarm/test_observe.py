@@ -16,6 +16,14 @@ from daemons import DaemonProcess, blocked_imports_env, peer_config, promtool_ch
 RUN_ID = "observe-run"
 
 
+def test_remote_mode_with_no_peer_answering_is_one_line(tmp_path):
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # the discard port: nothing
+    result = run_cli("status", "--once", "--initial-peers", dead, "--run-id", RUN_ID, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("\n") == 1 and "none of the initial peers answered" in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
 def observe_config(shared_data, name: str) -> dict:
     task = {"name": "swin", "data": {"path": str(shared_data)}, "eval_every_epochs": 0}
     return peer_config(task=task, run_id=RUN_ID, daemon={"public_name": name})
@@ -148,7 +156,9 @@ def test_remote_mode_sees_the_swarm_without_being_counted(swarm):
     first, second = swarm
     ids = {peer.status()["peer_id"] for peer in swarm}
     maddr = first.initial_peers()[0]
+    started = time.monotonic()
     result = run_cli("status", "--json", "--initial-peers", maddr, "--run-id", RUN_ID, timeout=120)
+    print(f"swarmd status --json --initial-peers (remote mode): {time.monotonic() - started:.2f} s")
     assert result.returncode == 0, result.stderr
     remote = json.loads(result.stdout)
     assert remote["mode"] == "remote" and remote["run_id"] == RUN_ID
