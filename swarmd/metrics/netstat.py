@@ -152,7 +152,7 @@ class P2pdProcesses:
     def __call__(self) -> list[int]:
         now = time.monotonic()
         gone = any(not os.path.exists(f"/proc/{pid}") for pid in self._pids)
-        if gone or not self._pids and now - self._found_at > 1.0 or now - self._found_at > self._refresh:
+        if gone or (not self._pids and now - self._found_at > 1.0) or now - self._found_at > self._refresh:
             self._pids = self._scan()
             self._found_at = now
         return list(self._pids)

@@ -94,6 +94,7 @@ class RemoteSwarm:
         """The swarm now, with the keys of the local snapshot (those only a daemon knows are None)."""
         from concurrent.futures import TimeoutError as FutureTimeout
 
+        from swarmd.status.snapshot import API_VERSION
         from swarmd.swarm.peer_records import common_target_batch_size, swarm_progress
 
         records_future = self.records.fetch(self.dht)
@@ -107,7 +108,7 @@ class RemoteSwarm:
         swarm = swarm_progress(progress, common_target_batch_size(peers))
         now = time.time()
         return {
-            "api_version": 1,
+            "api_version": API_VERSION,
             "mode": "remote",
             "swarmd_version": __version__,
             "run_id": self.run_id,

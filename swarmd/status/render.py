@@ -25,7 +25,7 @@ def build_view(snapshot: dict[str, Any], *, now: Optional[float] = None, problem
     parts = []
     if problem:
         parts.append(Text(problem, style="bold red"))
-    parts += [_header(snapshot), Text(""), _epoch(snapshot), Text(""), _peers(snapshot, now)]
+    parts += [_header(snapshot), Text(""), _epoch(snapshot), Text(""), _peers(snapshot)]
     if snapshot.get("mode") != "remote":
         parts += [Text(""), _rounds(snapshot, now), Text(""), _loss(snapshot)]
     title = f"swarmd · run {snapshot.get('run_id')}"
@@ -33,9 +33,15 @@ def build_view(snapshot: dict[str, Any], *, now: Optional[float] = None, problem
 
 
 def render_once(snapshot: dict[str, Any], console=None) -> None:
+    import os
+
     from rich.console import Console
 
-    (console or Console()).print(build_view(snapshot))
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=120)  # a pipe or a file has no width: do not squeeze the tables into 80
+    console.print(build_view(snapshot))
 
 
 def render_live(
@@ -74,6 +80,8 @@ def _header(s: dict[str, Any]):
     if s.get("mode") == "remote":
         grid.add_row("observer", f"a light client of the DHT (not a peer: trains nothing, not counted) via {_first(s.get('initial_peers'))}")
         grid.add_row("records", f"{len(s.get('peers') or [])} peer record(s), {s.get('peer_records_rejected_total', 0)} malformed ignored")
+        if not s.get("peers") and not s.get("num_peers"):
+            grid.add_row("", f"no peer of run {s.get('run_id')!r} found: is --run-id the run's id?")
         return grid
     name = s.get("public_name") or "?"
     grid.add_row("peer", f"{name} ({_short_id(s.get('peer_id'))})  {_role(s)}")
@@ -128,36 +136,49 @@ def _epoch(s: dict[str, Any]):
     return grid
 
 
-def _peers(s: dict[str, Any], now: float):
+def _peers(s: dict[str, Any]):
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     peers = s.get("peers") or []
-    table = Table(show_edge=False)
-    for header, justify in (
-        ("name", "left"), ("peer id", "left"), ("role", "left"), ("state", "left"), ("epoch", "right"),
-        ("samples/s", "right"), ("loss", "right"), ("avg ok/failed", "right"), ("up", "right"), ("last seen", "right"),
-    ):
-        table.add_column(header, justify=justify, no_wrap=True)
-    for peer in peers:
-        name = peer.get("public_name", "?") + (" *" if peer.get("self") else "")
-        table.add_row(
-            name,
-            _short_id(peer.get("peer_id")),
-            _role(peer),
-            str(peer.get("state", "")),
-            str(peer.get("local_epoch", "")),
-            _rate(peer.get("samples_per_second")),
-            _loss_text(peer.get("loss")),
-            f"{peer.get('averaging_success', 0)}/{peer.get('averaging_failed', 0)}",
-            format_duration(peer.get("uptime_seconds")),
-            f"{format_duration(peer.get('last_seen_seconds'))} ago",
-        )
     title = Text.assemble((f"peers ({len(peers)})", "bold"), "  from their signed records in the DHT; * this peer")
     if not peers:
         return Group(title, Text("  no records yet (peers publish theirs every few seconds)"))
-    return Group(title, table)
+    return Group(title, _PeersTable(peers))
+
+
+# (header, justify, cell, essential): the essential columns are all that is drawn in a narrow terminal
+_PEER_COLUMNS = (
+    ("name", "left", lambda p: p.get("public_name", "?") + (" *" if p.get("self") else ""), True),
+    ("peer id", "left", lambda p: _short_id(p.get("peer_id")), False),
+    ("role", "left", lambda p: _role(p), False),
+    ("state", "left", lambda p: str(p.get("state", "")), True),
+    ("epoch", "right", lambda p: str(p.get("local_epoch", "")), True),
+    ("samples/s", "right", lambda p: _rate(p.get("samples_per_second")), True),
+    ("loss", "right", lambda p: _loss_text(p.get("loss")), True),
+    ("avg ok/failed", "right", lambda p: f"{p.get('averaging_success', 0)}/{p.get('averaging_failed', 0)}", False),
+    ("up", "right", lambda p: format_duration(p.get("uptime_seconds")), False),
+    ("last seen", "right", lambda p: f"{format_duration(p.get('last_seen_seconds'))} ago", True),
+)
+_FULL_TABLE_WIDTH = 110
+
+
+class _PeersTable:
+    """The peers table, with fewer columns when the frame is narrower than the full table."""
+
+    def __init__(self, peers: list[dict[str, Any]]):
+        self.peers = peers
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table
+
+        columns = [c for c in _PEER_COLUMNS if c[3] or options.max_width >= _FULL_TABLE_WIDTH]
+        table = Table(show_edge=False)
+        for header, justify, _cell, _essential in columns:
+            table.add_column(header, justify=justify, no_wrap=True)
+        for peer in self.peers:
+            table.add_row(*(cell(peer) for _header, _justify, cell, _essential in columns))
+        yield table
 
 
 def _rounds(s: dict[str, Any], now: float):

@@ -7,17 +7,14 @@ DHTRecords); the end-to-end version with real peers and a rogue node is tests/sw
 import time
 
 import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.utils import ValueWithExpiration
+from hivemind.utils.crypto import RSAPrivateKey
 
-hivemind = pytest.importorskip("hivemind")
-
-from hivemind.dht.crypto import RSASignatureValidator  # noqa: E402
-from hivemind.dht.protocol import DHTProtocol  # noqa: E402
-from hivemind.dht.routing import DHTID  # noqa: E402
-from hivemind.dht.validation import CompositeValidator, DHTRecord  # noqa: E402
-from hivemind.utils import ValueWithExpiration  # noqa: E402
-from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
-
-from swarmd.swarm.peer_records import PeerRecords, parse_records, record_from_snapshot, swarm_progress  # noqa: E402
+from swarmd.swarm.peer_records import PeerRecords, parse_records, record_from_snapshot, swarm_progress
 
 PEER_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 

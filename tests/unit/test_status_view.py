@@ -50,3 +50,13 @@ def test_formatting_helpers():
     assert sparkline([3.0, 2.0, 1.0]) == "█▅▁" and sparkline([1.0, 1.0]) == "▄▄" and sparkline([]) == ""
     assert format_duration(4.25) == "4.2 s" and format_duration(75) == "1m15s" and format_duration(7260) == "2h01m"
     assert format_duration(None) == "?"
+
+
+def test_a_narrow_terminal_keeps_the_essential_peer_columns():
+    snapshot = sample_snapshot(time.time())
+    narrow, wide = text_of(build_view(snapshot), width=80), text_of(build_view(snapshot), width=120)
+    for frame in (narrow, wide):
+        assert "alpha *" in frame and "beta" in frame and "samples/s" in frame and "last seen" in frame
+        assert "96 / 128 samples (75%)" in frame
+    assert "peer id" in wide and "peer id" not in narrow
+    assert "…" not in narrow.split("peers (2)")[1].split("recent averaging")[0]  # nothing cut short
