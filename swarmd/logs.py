@@ -106,8 +106,24 @@ class _DemoteShutdownNoise(logging.Filter):
 
 def _demote(record: logging.LogRecord, level: int) -> bool:
     """Lower the record's level; keep it only if its logger would have logged it at that level."""
-    record.levelno, record.levelname = level, logging.getLevelName(level)
+    record.levelno, record.levelname = level, _LEVEL_NAMES[level]
     return logging.getLogger(record.name).isEnabledFor(level)
+
+
+# Our own level names: importing hivemind renames WARNING to "WARN" process-wide (logging.addLevelName).
+_LEVEL_NAMES = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "CRITICAL",
+}
+
+
+class _StableLevelNames(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelname = _LEVEL_NAMES.get(record.levelno, record.levelname)
+        return True
 
 
 def _is_journal(stream) -> bool:
@@ -159,11 +175,14 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
         handler = logging.StreamHandler(stream)
         handler.setFormatter(_JsonFormatter(journal) if fmt == "json" else _SingleLineFormatter(journal))
         _log_uncaught_exceptions()
+    handler.addFilter(_StableLevelNames())
     handler.addFilter(_DemoteShutdownNoise())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
+    if "hivemind.utils.logging" in sys.modules:  # already imported: its own handler would bypass ours
+        _take_over_hivemind_records()
     root.setLevel(level.upper())
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").setLevel(logging.ERROR)
@@ -171,7 +190,12 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
 
 def route_hivemind_logs(level: str) -> None:
     """Send hivemind's records through our handler (call after hivemind is imported)."""
+    _take_over_hivemind_records()
+    logging.getLogger("hivemind").setLevel(level.upper())
+
+
+def _take_over_hivemind_records() -> None:
+    """hivemind gives its loggers their own handler and stops propagation; undo that."""
     from hivemind.utils.logging import use_hivemind_log_handler
 
     use_hivemind_log_handler("nowhere")
-    logging.getLogger("hivemind").setLevel(level.upper())

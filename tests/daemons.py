@@ -187,3 +187,39 @@ def run_cli(*args, env: Optional[dict] = None, timeout: float = 120) -> subproce
 
 def last_json(text: str) -> dict:
     return json.loads(text)
+
+
+def blocked_imports_env(root: Path, names=("torch", "hivemind", "timm", "transformers")) -> dict:
+    """Environment for run_cli where importing `names` fails loudly: proves a command does not import them."""
+    for name in names:
+        package = Path(root) / "blocked" / name
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(Path(root) / "blocked"), str(REPO)])}
+
+
+def scrape(address: str, timeout: float = 10) -> str:
+    """The text of http://ADDRESS/metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as response:
+        return response.read().decode()
+
+
+def promtool(*args: str, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run promtool. Skips where it is missing, but fails under SWARMD_REQUIRE_TOOLS=1 (as CI runs)."""
+    import shutil
+
+    import pytest
+
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("SWARMD_REQUIRE_TOOLS") == "1":
+            pytest.fail("promtool is required (SWARMD_REQUIRE_TOOLS=1) but missing: apt-get install prometheus")
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    return subprocess.run([path, *args], input=input, capture_output=True, text=True, timeout=60)
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    """`promtool check metrics` on the text of a scrape."""
+    return promtool("check", "metrics", input=text)

@@ -22,8 +22,8 @@ from swarmd.errors import ConfigError
 __all__ = ["ENV_PREFIX", "load_config", "parse_assignment", "read_yaml_file"]
 
 ENV_PREFIX = "SWARMD_"
-# Environment variables with our prefix that are not config keys.
-_ENV_NOT_KEYS = {"SWARMD_CONFIG"}
+# Environment variables with our prefix that are not config keys (SWARMD_REQUIRE_TOOLS: set by .ci/run for tests).
+_ENV_NOT_KEYS = {"SWARMD_CONFIG", "SWARMD_REQUIRE_TOOLS"}
 
 
 def load_config(

@@ -39,11 +39,18 @@ class DaemonExtension:
 
 
 def build_extensions(config) -> list[DaemonExtension]:
-    """The extensions this config asks for, in start order."""
+    """The extensions this config asks for, in start order. Their modules import nothing heavy at import time."""
     from swarmd.daemon.systemd import systemd_notifier
 
     extensions: list[DaemonExtension] = []
     notifier = systemd_notifier()  # only when systemd started us (Type=notify sets $NOTIFY_SOCKET)
     if notifier is not None:
         extensions.append(notifier)
+    if config.metrics.enabled:
+        from swarmd.metrics.extension import MetricsExtension
+
+        extensions.append(MetricsExtension(config.metrics.listen))
+    from swarmd.swarm.announcer import PeerAnnouncer
+
+    extensions.append(PeerAnnouncer())
     return extensions

@@ -93,7 +93,10 @@ class Daemon:
         self.status_server = StatusServer(self.state_dir / SOCKET_NAME, self.snapshot)
         await self.status_server.start()
         for extension in self.extensions:
-            await extension.start(self)
+            try:
+                await extension.start(self)
+            except Exception:  # noqa: BLE001 - an observer must not stop the daemon
+                logger.exception("%s failed to start; going on without it", type(extension).__name__)
 
         # Heavy imports happen here, after the socket answers "starting".
         import torch
@@ -142,7 +145,7 @@ class Daemon:
         from swarmd.swarm.dht import start_dht
 
         self.state = "joining"
-        validators = [v for extension in self.extensions for v in extension.record_validators(self)]
+        validators = [v for extension in self.extensions for v in _guarded(extension.record_validators, self, [])]
         self.dht = await start_dht(self.config.network, self.state_dir, record_validators=validators)
         self.peer_id = str(self.dht.peer_id)
         self.visible_maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
@@ -184,7 +187,7 @@ class Daemon:
         self.worker.start()
         self.state = "training"
         for extension in self.extensions:
-            extension.ready(self)
+            _guarded(extension.ready, self, None)
 
     def _prepare_state_dir(self) -> None:
         try:
@@ -423,6 +426,15 @@ class Daemon:
     def _check_stop(self) -> None:
         if self._stop_requested.is_set():
             raise _StopDuringStartup()
+
+
+def _guarded(hook, daemon, fallback):
+    """Call an extension hook; a failing observer is logged and skipped, never fatal."""
+    try:
+        return hook(daemon)
+    except Exception:  # noqa: BLE001
+        logger.exception("%s failed", getattr(hook, "__qualname__", hook))
+        return fallback
 
 
 class _StopDuringStartup(Exception):

@@ -1,38 +1,295 @@
-"""`swarmd status` views drawn with rich. (A basic frame; the full live view is built in render_* below.)"""
+"""`swarmd status` views drawn with rich, from a snapshot (swarmd/status/snapshot.py) - the local daemon's, or
+the one `swarmd status --initial-peers` builds from the DHT (swarmd/status/remote.py).
+
+One frame: the run and this peer; the global epoch with a progress bar of samples towards the target batch and
+its ETA; the swarm's peers from their DHT records; recent averaging rounds; the loss trend. rich only: no torch.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-__all__ = ["render_once", "render_live", "build_view"]
+__all__ = ["build_view", "render_once", "render_live", "progress_bar", "sparkline", "format_duration"]
+
+_SPARK = "▁▂▃▄▅▆▇█"
 
 
-def build_view(snapshot: dict[str, Any]):
+def build_view(snapshot: dict[str, Any], *, now: Optional[float] = None, problem: Optional[str] = None):
+    """The whole frame as one rich renderable. `problem`: a line shown on top (e.g. the daemon stopped answering)."""
     from rich.console import Group
-    from rich.table import Table
+    from rich.panel import Panel
+    from rich.text import Text
 
-    table = Table(show_header=False, box=None)
-    for key in ("run_id", "peer_id", "state", "local_epoch", "global_epoch", "num_peers", "samples_per_second", "loss"):
-        table.add_row(key, str(snapshot.get(key)))
-    return Group(table)
+    now = time.time() if now is None else now
+    parts = []
+    if problem:
+        parts.append(Text(problem, style="bold red"))
+    parts += [_header(snapshot), Text(""), _epoch(snapshot), Text(""), _peers(snapshot)]
+    if snapshot.get("mode") != "remote":
+        parts += [Text(""), _rounds(snapshot, now), Text(""), _loss(snapshot)]
+    title = f"swarmd · run {snapshot.get('run_id')}"
+    return Panel(Group(*parts), title=title, title_align="left", border_style="blue")
 
 
 def render_once(snapshot: dict[str, Any], console=None) -> None:
+    import os
+
     from rich.console import Console
 
-    (console or Console()).print(build_view(snapshot))
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=120)  # a pipe or a file has no width: do not squeeze the tables into 80
+    console.print(build_view(snapshot))
 
 
-def render_live(read: Callable[[], dict[str, Any]], interval: float = 1.0) -> None:
+def render_live(
+    read: Callable[[], dict[str, Any]], interval: float = 1.0, console=None, first: Optional[dict[str, Any]] = None
+) -> None:
+    """Redraw every `interval` seconds until Ctrl-C. A failed read keeps the last frame, says why and retries."""
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
-    with Live(build_view(read()), console=console, refresh_per_second=4) as live:
+    from swarmd.errors import SwarmdError
+
+    console = console or Console()
+    snapshot = first if first is not None else read()
+    with Live(build_view(snapshot), console=console, auto_refresh=False, transient=False) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(build_view(read()))
+                try:
+                    snapshot = read()
+                    live.update(build_view(snapshot), refresh=True)
+                except SwarmdError as e:
+                    live.update(build_view(snapshot, problem=f"{e} (retrying every {interval:.0f} s)"), refresh=True)
         except KeyboardInterrupt:
             pass
+
+
+# --- parts ---------------------------------------------------------------------------------------------------
+
+
+def _header(s: dict[str, Any]):
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    if s.get("mode") == "remote":
+        grid.add_row("observer", f"a light client of the DHT (not a peer: trains nothing, not counted) via {_first(s.get('initial_peers'))}")
+        grid.add_row("records", f"{len(s.get('peers') or [])} peer record(s), {s.get('peer_records_rejected_total', 0)} malformed ignored")
+        if not s.get("peers") and not s.get("num_peers"):
+            grid.add_row("", f"no peer of run {s.get('run_id')!r} found: is --run-id the run's id?")
+        return grid
+    name = s.get("public_name") or "?"
+    grid.add_row("peer", f"{name} ({_short_id(s.get('peer_id'))})  {_role(s)}")
+    state = s.get("state") or "?"
+    phase = s.get("phase")
+    grid.add_row(
+        "state",
+        f"{state}{f' / {phase}' if phase and phase != state else ''}  ·  up {format_duration(s.get('uptime_seconds'))}"
+        f"  ·  {s.get('device') or 'no device yet'}  ·  task {s.get('task')}  ·  swarmd {s.get('swarmd_version')}",
+    )
+    if s.get("metrics_address"):
+        grid.add_row("metrics", f"http://{s['metrics_address']}/metrics")
+    if s.get("last_error"):
+        grid.add_row("last error", str(s["last_error"])[:200])
+    return grid
+
+
+def _epoch(s: dict[str, Any]):
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    epoch = s.get("global_epoch")
+    local = s.get("local_epoch")
+    peers = s.get("num_peers")
+    clients = s.get("num_clients")
+    where = f"global epoch {epoch if epoch is not None else '?'}"
+    if local is not None:
+        where += f" (this peer: {local})"
+    swarm = f"{peers} peer{'s' if peers != 1 else ''}" if peers is not None else "? peers"
+    if clients:
+        swarm += f" ({clients} in client mode)"
+    grid.add_row("epoch", f"{where}  ·  {swarm}")
+    target = s.get("target_batch_size") or 0
+    samples = s.get("samples_accumulated")
+    percent = f"{100 * (samples or 0) / target:.0f}%" if target else "?"
+    eta = s.get("eta_seconds")
+    line = progress_bar(samples or 0, target)
+    line.append(f"  {_count(samples)} / {_count(target)} samples ({percent})")
+    line.append(f"  ·  ETA {format_duration(eta) if eta is not None else '?'}")
+    grid.add_row("progress", line)
+    rate = s.get("samples_per_second")
+    loss = s.get("loss")
+    if s.get("mode") == "remote":
+        grid.add_row("throughput", f"{_rate(rate)} samples/s in the swarm (as the peers report it)")
+    else:
+        grid.add_row(
+            "throughput",
+            f"{_rate(rate)} samples/s  ·  {_count(s.get('samples_total'))} samples trained  ·  loss {_loss_text(loss)}",
+        )
+    return grid
+
+
+def _peers(s: dict[str, Any]):
+    from rich.console import Group
+    from rich.text import Text
+
+    peers = s.get("peers") or []
+    title = Text.assemble((f"peers ({len(peers)})", "bold"), "  from their signed records in the DHT; * this peer")
+    if not peers:
+        return Group(title, Text("  no records yet (peers publish theirs every few seconds)"))
+    return Group(title, _PeersTable(peers))
+
+
+# (header, justify, cell, essential): the essential columns are all that is drawn in a narrow terminal
+_PEER_COLUMNS = (
+    ("name", "left", lambda p: p.get("public_name", "?") + (" *" if p.get("self") else ""), True),
+    ("peer id", "left", lambda p: _short_id(p.get("peer_id")), False),
+    ("role", "left", lambda p: _role(p), False),
+    ("state", "left", lambda p: str(p.get("state", "")), True),
+    ("epoch", "right", lambda p: str(p.get("local_epoch", "")), True),
+    ("samples/s", "right", lambda p: _rate(p.get("samples_per_second")), True),
+    ("loss", "right", lambda p: _loss_text(p.get("loss")), True),
+    ("avg ok/failed", "right", lambda p: f"{p.get('averaging_success', 0)}/{p.get('averaging_failed', 0)}", False),
+    ("up", "right", lambda p: format_duration(p.get("uptime_seconds")), False),
+    ("last seen", "right", lambda p: f"{format_duration(p.get('last_seen_seconds'))} ago", True),
+)
+_FULL_TABLE_WIDTH = 110
+
+
+class _PeersTable:
+    """The peers table, with fewer columns when the frame is narrower than the full table."""
+
+    def __init__(self, peers: list[dict[str, Any]]):
+        self.peers = peers
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table
+
+        columns = [c for c in _PEER_COLUMNS if c[3] or options.max_width >= _FULL_TABLE_WIDTH]
+        table = Table(show_edge=False)
+        for header, justify, _cell, _essential in columns:
+            table.add_column(header, justify=justify, no_wrap=True)
+        for peer in self.peers:
+            table.add_row(*(cell(peer) for _header, _justify, cell, _essential in columns))
+        yield table
+
+
+def _rounds(s: dict[str, Any], now: float):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    rounds = list(reversed(s.get("recent_averaging") or []))[:8]
+    counts = s.get("averaging") or {}
+    summary = "; ".join(
+        f"{kind}: {c.get('success', 0)} ok, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
+        for kind, c in sorted(counts.items())
+    )
+    table = Table(show_edge=False)
+    for header, justify in (("when", "right"), ("kind", "left"), ("outcome", "left"), ("group", "right"),
+                            ("duration", "right"), ("epoch", "right")):
+        table.add_column(header, justify=justify, no_wrap=True)
+    styles = {"success": "green", "failed": "red", "skipped": "yellow"}
+    for item in rounds:
+        outcome = item.get("outcome", "")
+        table.add_row(
+            f"{format_duration(max(0.0, now - item.get('time', now)))} ago",
+            item.get("kind", ""),
+            f"[{styles.get(outcome, 'white')}]{outcome}[/]",
+            str(item.get("group_size", "")),
+            f"{item.get('duration_seconds', 0.0):.2f} s",
+            str(item.get("epoch", "")),
+        )
+    title = Text.assemble(("recent averaging rounds", "bold"), f"  ({summary})" if summary else "")
+    if not rounds:
+        return Group(title, Text("  none yet"))
+    return Group(title, table)
+
+
+def _loss(s: dict[str, Any]):
+    from rich.text import Text
+
+    history = [(epoch, loss) for epoch, loss in s.get("loss_history") or [] if loss is not None]
+    if not history:
+        return Text.assemble(("loss trend  ", "bold"), "(no finished epoch yet)")
+    recent = history[-40:]
+    values = [loss for _, loss in recent]
+    return Text.assemble(
+        ("loss trend  ", "bold"),
+        (sparkline(values), "cyan"),
+        f"  {values[0]:.4g} → {values[-1]:.4g}  (epochs {recent[0][0]}-{recent[-1][0]})",
+    )
+
+
+# --- formatting ----------------------------------------------------------------------------------------------
+
+
+def progress_bar(done: float, total: float, width: int = 40):
+    """A bar that reads without colour too: ━ for samples accumulated, ─ for those still missing."""
+    from rich.text import Text
+
+    filled = int(width * min(1.0, done / total)) if total else 0
+    return Text.assemble(("━" * filled, "green"), ("─" * (width - filled), "grey42"))
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high - low < 1e-12:
+        return _SPARK[3] * len(values)
+    return "".join(_SPARK[min(len(_SPARK) - 1, int((v - low) / (high - low) * len(_SPARK)))] for v in values)
+
+
+def format_duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d{hours % 24:02d}h"
+
+
+def _role(entity: dict[str, Any]) -> str:
+    if entity.get("auxiliary"):
+        return "auxiliary"
+    return "client" if entity.get("client_mode") else "trainer"
+
+
+def _short_id(peer_id) -> str:
+    if not peer_id:
+        return "?"
+    peer_id = str(peer_id)
+    return peer_id if len(peer_id) <= 14 else f"{peer_id[:6]}…{peer_id[-6:]}"
+
+
+def _count(value) -> str:
+    return "?" if value is None else f"{int(value):,}"
+
+
+def _rate(value) -> str:
+    return "?" if value is None else f"{float(value):.1f}"
+
+
+def _loss_text(value) -> str:
+    return "-" if value is None else f"{float(value):.4f}"
+
+
+def _first(items) -> str:
+    items = list(items or [])
+    if not items:
+        return "?"
+    return items[0] + (f" (+{len(items) - 1})" if len(items) > 1 else "")

@@ -11,10 +11,20 @@ API_VERSION changes when a key is renamed or removed (adding keys does not chang
   averaging {gradients|state: {success, failed, skipped}}, recent_averaging [...],
   state_loads_total, failures_total, nonfinite_steps_total, restores_total, last_error,
   evaluation {epoch, metrics}, checkpoint {epoch, path, time, failures_total}, peers [...]
+
+Added by the daemon's extensions (swarmd/daemon/extensions.py):
+  metrics_address       host:port the /metrics endpoint is bound to (None: metrics off or the port was taken)
+  peers                 the swarm's peer records from the DHT (swarm/peer_records.py), sorted by public_name:
+                        {peer_id, public_name, swarmd_version, task, device, state, local_epoch,
+                         samples_per_second, samples_total, loss, averaging_success, averaging_failed,
+                         uptime_seconds, client_mode, auxiliary, target_batch_size, time, last_seen_seconds,
+                         self (true for this daemon's own record)}
+  peer_records_rejected_total   records read from the DHT that were malformed and ignored
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Optional
 
@@ -46,7 +56,7 @@ def build_snapshot(
         "swarmd_version": __version__,
         "run_id": config.run_id,
         "peer_id": peer_id,
-        "public_name": config.daemon.public_name,
+        "public_name": config.daemon.public_name or socket.gethostname(),
         "task": config.task.name,
         "device": device,
         "precision": config.training.precision,

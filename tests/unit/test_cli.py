@@ -1,23 +1,20 @@
 """The command line: fast commands stay light, and every user error is one line with its exit code."""
 
-import os
-import sys
-from pathlib import Path
+import asyncio
+import json
+import threading
+import time
 
 import pytest
 
-from daemons import run_cli
+from daemons import blocked_imports_env, run_cli
+from samples import sample_snapshot
 
 
 @pytest.fixture
 def without_heavy_packages(tmp_path):
     """A PYTHONPATH where importing torch or hivemind fails loudly, to prove a command does not import them."""
-    for name in ("torch", "hivemind", "timm", "transformers"):
-        package = tmp_path / "blocked" / name
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
-    repo = Path(__file__).resolve().parents[2]
-    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), str(repo)])}
+    return blocked_imports_env(tmp_path)
 
 
 def test_help_does_not_import_torch(without_heavy_packages):
@@ -60,3 +57,54 @@ def test_unknown_option_is_a_usage_error():
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout.startswith("swarmd ")
+
+
+@pytest.fixture
+def fake_daemon(tmp_path):
+    """A status socket in tmp_path answering like a training daemon (the real server, a canned snapshot)."""
+    from swarmd.status.server import SOCKET_NAME, StatusServer
+
+    snapshot = sample_snapshot(time.time())
+    loop = asyncio.new_event_loop()
+    server = StatusServer(tmp_path / SOCKET_NAME, lambda: snapshot)
+    loop.run_until_complete(server.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield tmp_path, snapshot
+    asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+def test_status_json_and_once_read_a_daemon_without_torch(fake_daemon, without_heavy_packages):
+    state_dir, snapshot = fake_daemon
+    result = run_cli("status", "--json", "--state-dir", str(state_dir), env=without_heavy_packages)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == snapshot
+
+    result = run_cli("status", "--once", "--state-dir", str(state_dir), env={**without_heavy_packages, "COLUMNS": "120"})
+    assert result.returncode == 0, result.stderr
+    frame = result.stdout
+    assert "global epoch 7" in frame and "96 / 128 samples (75%)" in frame
+    bar = next(line for line in frame.splitlines() if "samples (75%)" in line)
+    assert bar.count("━") == 30 and bar.count("─") == 10  # 75% of a 40-wide bar, readable without colour
+    assert "alpha *" in frame and "beta" in frame and "peers (2)" in frame
+    assert "Traceback" not in result.stderr
+
+
+def test_remote_status_usage_errors_are_one_line(without_heavy_packages, tmp_path):
+    peer = "/ip4/127.0.0.1/tcp/31337/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    cases = [
+        (("--initial-peers", peer), "remote mode needs --run-id"),
+        (("--initial-peers", "/ip4/1.2.3/tcp/1/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "--run-id", "r"),
+         "not a multiaddr"),
+        (("--initial-peers", "/ip4/127.0.0.1/tcp/31337", "--run-id", "r"), "no peer id"),
+        (("--initial-peers", peer, "--run-id", "bad run"), "is not a run id"),
+        (("--initial-peers", peer, "--run-id", "r", "--state-dir", str(tmp_path)), "needs none"),
+        (("--run-id", "r"), "--run-id is for remote mode"),
+    ]
+    for args, message in cases:
+        result = run_cli("status", "--json", *args, env=without_heavy_packages)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)

@@ -43,6 +43,11 @@ def test_environment_names_the_file(tmp_path):
     assert load_config(environ={"SWARMD_CONFIG": path}).run_id == "named-by-env"
 
 
+def test_the_ci_tool_switch_is_not_a_config_key():
+    # .ci/run exports SWARMD_REQUIRE_TOOLS=1; every daemon a test starts inherits it
+    assert load_config(environ={"SWARMD_REQUIRE_TOOLS": "1"}).run_id == "swarmd-micro"
+
+
 @pytest.mark.parametrize(
     "data, expected",
     [

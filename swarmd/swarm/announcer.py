@@ -1,0 +1,109 @@
+"""The peer-record announcer: a DaemonExtension that publishes this peer's signed record and reads the swarm's.
+
+One background task on the event loop: every `interval` seconds it stores this peer's record (see
+swarm/peer_records.py) and fetches everyone's; the snapshot's `peers` list is the last fetch. DHT calls go
+through hivemind's MPFutures, awaited with a timeout, so the loop never blocks on the DHT process. A failure
+is logged and retried at the next interval: the announcer never stops training. On a graceful stop the record is
+withdrawn (stored as None), so other peers drop this one at their next fetch instead of after the expiration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Optional
+
+from swarmd.daemon.extensions import DaemonExtension
+
+__all__ = ["PeerAnnouncer"]
+
+logger = logging.getLogger("swarmd.peers")
+
+
+class PeerAnnouncer(DaemonExtension):
+    def __init__(self, *, interval: float = 5.0, expiration: float = 30.0, dht_timeout: float = 10.0):
+        self.interval = interval
+        self.expiration = expiration
+        self.dht_timeout = dht_timeout
+        self.records = None  # swarm.peer_records.PeerRecords, built with the DHT's validators
+        self.peers: list[dict[str, Any]] = []
+        self.rejected_total = 0
+        self.published_total = 0
+        self.fetched_at: Optional[float] = None  # time.time() of the last successful fetch
+        self._task: Optional[asyncio.Task] = None
+        self._goodbye = None
+        self._failures_in_a_row = 0
+
+    def record_validators(self, daemon) -> list[Any]:
+        try:
+            from swarmd.swarm.peer_records import PeerRecords
+
+            self.records = PeerRecords(daemon.config.run_id, expiration=self.expiration)
+        except Exception:  # noqa: BLE001 - an observer must not stop training
+            logger.exception("Peer records are off: their validators could not be built")
+            return []
+        return list(self.records.validators)
+
+    def ready(self, daemon) -> None:
+        if self.records is not None and daemon.dht is not None:
+            self._task = asyncio.get_running_loop().create_task(self._announce_forever(daemon), name="peer-announcer")
+
+    def snapshot_fields(self, daemon) -> dict[str, Any]:
+        age = time.time() - self.fetched_at if self.fetched_at is not None else 0.0
+        peers = [{**peer, "last_seen_seconds": round(peer["last_seen_seconds"] + age, 3)} for peer in self.peers]
+        return {"peers": peers, "peer_records_rejected_total": self.rejected_total}
+
+    def stopping(self, daemon) -> None:
+        self._cancel()
+        if self.records is not None and daemon.dht is not None and self.published_total:
+            try:
+                # goodbye; the DHT stops later in the shutdown, and the store is already on its way by then
+                self._goodbye = self.records.publish(daemon.dht, None)
+            except Exception as e:  # noqa: BLE001 - best effort
+                logger.debug("could not withdraw this peer's record: %r", e)
+
+    async def close(self, daemon) -> None:
+        self._cancel()
+
+    # --- the loop ------------------------------------------------------------------------------------------
+
+    async def _announce_forever(self, daemon) -> None:
+        while True:
+            try:
+                await self._announce_once(daemon)
+                self._failures_in_a_row = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an observer must not stop training
+                self._failures_in_a_row += 1
+                level = logging.WARNING if self._failures_in_a_row in (1, 10, 100) else logging.DEBUG
+                logger.log(level, "Peer records: %s (failure %d in a row; retrying)", _describe(e), self._failures_in_a_row)
+            await asyncio.sleep(self.interval)
+
+    async def _announce_once(self, daemon) -> None:
+        from swarmd.swarm.peer_records import record_from_snapshot
+
+        record = record_from_snapshot(daemon.snapshot())
+        stored = await asyncio.wait_for(self.records.publish(daemon.dht, record), self.dht_timeout)
+        self.published_total += 1
+        if not stored:
+            logger.debug("no DHT node accepted this peer's record this time")
+        found = await asyncio.wait_for(self.records.fetch(daemon.dht), self.dht_timeout)
+        peers, rejected = self.records.parse(found)
+        if rejected:
+            logger.debug("ignored %d malformed peer record(s)", rejected)
+        self.peers, self.fetched_at = peers, time.time()
+        self.rejected_total += rejected
+
+    def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, asyncio.TimeoutError):
+        return "the DHT did not answer in time"
+    return f"{type(error).__name__}: {error}"

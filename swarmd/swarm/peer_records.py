@@ -1,0 +1,233 @@
+"""Signed per-peer records in the DHT: who is in the swarm and what each peer is doing.
+
+Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v1"`, subkey =
+its owner marker `[owner:<RSA public key>]`. Two hivemind validators guard the key on every node that stores or
+reads it:
+- `RSASignatureValidator`: a record whose subkey names a public key must be signed with the matching private key,
+  so no peer can write, change or delete another peer's record;
+- `SchemaValidator(PeerRecordsSchema, prefix=run_id)`: values must match `PeerRecord` exactly (strict types, no
+  missing or extra fields), so a malformed record is refused by the nodes asked to store it, and a node that
+  answers a reader with one has its whole answer dropped by the reader.
+The signing key is hivemind's process-wide key, the one the progress tracker signs with: the DHT keeps the first
+RSASignatureValidator it is given and merges the others into it, so it must be the same key. A reader parses each
+record again (`parse_records`), so a record from a node without our validators cannot break it either.
+
+The key carries a version: nodes refuse fields they do not know, so changing the fields needs a new key.
+What is signed is who wrote a record, not what it claims: `peer_id` and `public_name` are the writer's word.
+
+This module imports hivemind (the daemon and `swarmd status --initial-peers` use it; a local `swarmd status` not).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections import Counter
+from typing import Any, Dict, Iterable, Optional
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
+from hivemind.utils import get_dht_time
+from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, confloat, conint, constr
+
+from swarmd import __version__
+
+__all__ = [
+    "RECORD_FIELD",
+    "PeerRecord",
+    "PeerRecordsSchema",
+    "PeerRecords",
+    "record_from_snapshot",
+    "parse_records",
+    "swarm_progress",
+    "common_target_batch_size",
+    "progress_validators",
+]
+
+RECORD_FIELD = "swarmd_peers_v1"
+_PEER_ID = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
+
+
+class PeerRecord(BaseModel):
+    """What one peer says about itself. Strict types: hivemind's SchemaValidator refuses any conversion."""
+
+    peer_id: constr(strict=True, regex=_PEER_ID)
+    public_name: constr(strict=True, min_length=1, max_length=64)
+    swarmd_version: constr(strict=True, max_length=32)
+    task: constr(strict=True, max_length=64)
+    device: constr(strict=True, max_length=32)
+    state: constr(strict=True, max_length=16)  # the worker's phase: training, assisting, joining, ...
+    local_epoch: conint(strict=True, ge=0)
+    samples_per_second: confloat(strict=True, ge=0.0, allow_inf_nan=False)
+    samples_total: conint(strict=True, ge=0)
+    loss: Optional[confloat(strict=True, allow_inf_nan=False)]
+    averaging_success: conint(strict=True, ge=0)
+    averaging_failed: conint(strict=True, ge=0)
+    uptime_seconds: confloat(strict=True, ge=0.0, allow_inf_nan=False)
+    client_mode: StrictBool
+    auxiliary: StrictBool
+    target_batch_size: conint(strict=True, ge=1)
+    time: confloat(strict=True, allow_inf_nan=False)  # DHT time of publication
+
+    class Config:
+        extra = Extra.forbid
+
+
+class PeerRecordsSchema(BaseModel):
+    swarmd_peers_v1: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
+
+
+def progress_validators(run_id: str, signature: RSASignatureValidator) -> list:
+    """What a reader of hivemind's own progress records (`{run_id}_progress`) must register."""
+    return [SchemaValidator(TrainingProgressSchema, prefix=run_id), signature]
+
+
+class PeerRecords:
+    """This process's view of a run's records: the key, the validators, publishing and reading."""
+
+    def __init__(self, run_id: str, *, expiration: float = 30.0):
+        self.run_id = run_id
+        self.key = f"{run_id}_{RECORD_FIELD}"
+        self.expiration = expiration
+        # hivemind's process-wide key: the same one the progress tracker signs with (see the module docstring)
+        self.signature = RSASignatureValidator()
+        self.validators = [SchemaValidator(PeerRecordsSchema, prefix=run_id), self.signature]
+
+    @property
+    def owner(self) -> bytes:
+        """This process's subkey: `[owner:<public key>]`; the DHT signs what is stored under it."""
+        return self.signature.local_public_key
+
+    def publish(self, dht, record: Optional[dict[str, Any]]):
+        """Store (or, with None, withdraw) this peer's record. Returns an awaitable MPFuture (never blocks)."""
+        return dht.store(
+            key=self.key,
+            subkey=self.owner,
+            value=record,
+            expiration_time=get_dht_time() + self.expiration,
+            return_future=True,
+        )
+
+    def fetch(self, dht):
+        """An MPFuture of the raw DHT value (None, or a ValueWithExpiration of {subkey: ValueWithExpiration})."""
+        return dht.get(self.key, latest=True, return_future=True)
+
+    def parse(self, found, now: Optional[float] = None) -> tuple[list[dict[str, Any]], int]:
+        return parse_records(found, own_subkey=self.owner, now=now)
+
+
+def record_from_snapshot(snapshot: dict[str, Any], now: Optional[float] = None) -> dict[str, Any]:
+    """This peer's record, from its status snapshot (every field present, with the exact types the schema wants)."""
+    counts = snapshot.get("averaging") or {}
+    loss = snapshot.get("loss")
+    record = {
+        "peer_id": str(snapshot["peer_id"]),
+        "public_name": _clip(snapshot.get("public_name") or socket.gethostname() or "peer", 64),
+        "swarmd_version": _clip(snapshot.get("swarmd_version") or __version__, 32),
+        "task": _clip(str(snapshot.get("task") or ""), 64),
+        "device": _clip(str(snapshot.get("device") or ""), 32),
+        "state": _clip(str(snapshot.get("phase") or snapshot.get("state") or ""), 16),
+        "local_epoch": int(snapshot.get("local_epoch") or 0),
+        "samples_per_second": _finite(snapshot.get("samples_per_second"), 0.0),
+        "samples_total": int(snapshot.get("samples_total") or 0),
+        "loss": _finite(loss, None) if loss is not None else None,
+        "averaging_success": int(sum(kind.get("success", 0) for kind in counts.values())),
+        "averaging_failed": int(sum(kind.get("failed", 0) for kind in counts.values())),
+        "uptime_seconds": _finite(snapshot.get("uptime_seconds"), 0.0),
+        "client_mode": bool(snapshot.get("client_mode")),
+        "auxiliary": bool(snapshot.get("auxiliary")),
+        "target_batch_size": max(1, int(snapshot.get("target_batch_size") or 1)),
+        "time": float(get_dht_time() if now is None else now),
+    }
+    PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT
+    return record
+
+
+def parse_records(found, *, own_subkey: Optional[bytes] = None, now: Optional[float] = None) -> tuple[list[dict], int]:
+    """The valid records in a `dht.get` result, as plain dicts sorted by name; and how many were rejected.
+
+    Never raises on what peers stored: anything that is not a well-formed record is counted and skipped.
+    """
+    now = get_dht_time() if now is None else now
+    entries = _entries(found)
+    peers, rejected = [], 0
+    for subkey, value in entries:
+        if value is None:
+            continue  # a goodbye
+        try:
+            if not isinstance(subkey, bytes) or not RSASignatureValidator._PUBLIC_KEY_RE.search(subkey):
+                raise ValueError("the subkey is not an owner marker")
+            record = PeerRecord.parse_obj(value).dict()
+        except (ValidationError, ValueError, TypeError):
+            rejected += 1
+            continue
+        record["last_seen_seconds"] = round(max(0.0, now - record["time"]), 3)
+        record["self"] = own_subkey is not None and subkey == own_subkey
+        peers.append(record)
+    peers.sort(key=lambda p: (p["public_name"], p["peer_id"]))
+    return peers, rejected
+
+
+def _entries(found) -> list[tuple[Any, Any]]:
+    value = getattr(found, "value", None)
+    if not isinstance(value, dict):
+        return []
+    return [(subkey, getattr(item, "value", None)) for subkey, item in value.items()]
+
+
+def swarm_progress(found, target_batch_size: Optional[int], now: Optional[float] = None) -> dict[str, Any]:
+    """The swarm's epoch and progress from hivemind's `{run_id}_progress` records, as a peer's tracker computes it.
+
+    For an observer that trains nothing: the global epoch is the highest epoch of a non-client peer, samples are
+    those reported for it plus what each peer's rate adds since it reported.
+    """
+    now = get_dht_time() if now is None else now
+    entries = []
+    for _subkey, value in _entries(found):
+        if value is None:
+            continue
+        try:
+            entries.append(LocalTrainingProgress.parse_obj(value))
+        except (ValidationError, ValueError, TypeError):
+            continue
+    result: dict[str, Any] = {
+        "global_epoch": None,
+        "num_peers": len(entries),
+        "num_clients": sum(entry.client_mode for entry in entries),
+        "samples_accumulated": None,
+        "target_batch_size": target_batch_size,
+        "eta_seconds": None,
+        "samples_per_second": round(sum(entry.samples_per_second for entry in entries), 3),
+    }
+    trainers = [entry for entry in entries if not entry.client_mode] or entries
+    if not trainers:
+        return result
+    epoch = max(entry.epoch for entry in trainers)
+    current = [entry for entry in entries if entry.epoch == epoch]
+    result["global_epoch"] = epoch
+    result["samples_accumulated"] = sum(entry.samples_accumulated for entry in current)
+    if target_batch_size:
+        estimated = sum(e.samples_accumulated + max(0.0, now - e.time) * e.samples_per_second for e in current)
+        rate = sum(entry.samples_per_second for entry in entries)
+        if rate > 0:
+            result["eta_seconds"] = round(max(0.0, target_batch_size - estimated) / rate, 3)
+    return result
+
+
+def common_target_batch_size(peers: Iterable[dict[str, Any]]) -> Optional[int]:
+    """The target batch size most records agree on (peers of one run should all have the same)."""
+    counts = Counter(peer["target_batch_size"] for peer in peers)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _finite(value, default):
+    if value is None:
+        return default
+    value = float(value)
+    return value if math.isfinite(value) else default
+

@@ -1,0 +1,62 @@
+"""The `swarmd status` frame, as rich records it: remote mode, and a live view that loses its daemon."""
+
+import time
+
+from rich.console import Console
+
+from swarmd.errors import DaemonNotRunning
+from swarmd.status.render import build_view, format_duration, render_live, sparkline
+from samples import sample_snapshot
+
+
+def text_of(renderable, width=120) -> str:
+    console = Console(record=True, width=width, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_remote_frame_names_the_observer_and_shows_the_swarm():
+    local = sample_snapshot(time.time())
+    remote = {
+        "mode": "remote", "run_id": "unit-run", "state": "observing", "initial_peers": ["/ip4/10.0.0.1/tcp/31337/p2p/QmX"],
+        "global_epoch": 7, "num_peers": 2, "num_clients": 0, "samples_accumulated": 64, "target_batch_size": 128,
+        "eta_seconds": 1.0, "samples_per_second": 190.0, "peers": local["peers"], "peer_records_rejected_total": 1,
+    }
+    frame = text_of(build_view(remote))
+    assert "light client" in frame and "not counted" in frame and "1 malformed ignored" in frame
+    assert "64 / 128 samples (50%)" in frame and "190.0 samples/s in the swarm" in frame
+    assert "alpha" in frame and "beta" in frame
+    assert "recent averaging rounds" not in frame  # only a local daemon knows its rounds
+
+
+def test_live_view_keeps_the_last_frame_and_says_the_daemon_is_gone():
+    snapshot = sample_snapshot(time.time())
+    reads = iter([snapshot, DaemonNotRunning("no swarmd daemon answers on /x/swarmd.sock"), KeyboardInterrupt()])
+
+    def read():
+        item = next(reads)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    console = Console(record=True, width=120, file=open("/dev/null", "w"))
+    render_live(read, interval=0.01, console=console)  # returns on Ctrl-C
+    frame = console.export_text()
+    assert "no swarmd daemon answers on /x/swarmd.sock (retrying every 0 s)" in frame
+    assert "global epoch 7" in frame  # the last good frame stays on screen
+
+
+def test_formatting_helpers():
+    assert sparkline([3.0, 2.0, 1.0]) == "█▅▁" and sparkline([1.0, 1.0]) == "▄▄" and sparkline([]) == ""
+    assert format_duration(4.25) == "4.2 s" and format_duration(75) == "1m15s" and format_duration(7260) == "2h01m"
+    assert format_duration(None) == "?"
+
+
+def test_a_narrow_terminal_keeps_the_essential_peer_columns():
+    snapshot = sample_snapshot(time.time())
+    narrow, wide = text_of(build_view(snapshot), width=80), text_of(build_view(snapshot), width=120)
+    for frame in (narrow, wide):
+        assert "alpha *" in frame and "beta" in frame and "samples/s" in frame and "last seen" in frame
+        assert "96 / 128 samples (75%)" in frame
+    assert "peer id" in wide and "peer id" not in narrow
+    assert "…" not in narrow.split("peers (2)")[1].split("recent averaging")[0]  # nothing cut short
