@@ -33,6 +33,9 @@ _CHURN_NOISE = (  # peers leaving, or this peer stopping: nothing to act on
     "could not find a group",
     "did not shut down within the grace period",
     "Task was destroyed but it is pending",  # asyncio, at exit: tasks hivemind's progress tracker leaves behind
+    # a peer that has just stopped still appears in the DHT for a while; trying it fails like this. The download
+    # goes on with the next peer, and SwarmOptimizer warns if every attempt fails.
+    "protocols not supported",
 )
 _PARTIAL_ROUND = ("Reducer: received", "Averaging: received")  # a peer left mid-round: a partial average, as INFO
 _NOISY_LOGGERS = ("hivemind", "asyncio")  # asyncio: hivemind's unretrieved futures failing with the errors above

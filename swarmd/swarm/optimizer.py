@@ -73,7 +73,21 @@ class _RecordsRounds(DecentralizedAverager):
         return loaded
 
 
-class _ObservedStateAverager(TrainingStateAverager, _RecordsRounds):
+class _UpstreamRpcNames:
+    """hivemind names RPC handlers after the servicer's class (`TrainingStateAverager.rpc_download_state`), so a
+    subclass would speak a protocol no other peer answers: not plain hivemind peers, nor swarmd peers that use
+    the upstream class (e.g. with the gradient guard off). Subclasses keep their parent's names."""
+
+    _upstream: type
+
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        return cls._upstream._get_handle_name(namespace, method_name)
+
+
+class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsRounds):
+    _upstream = TrainingStateAverager
+
     def __init__(self, *, averaging_log: AveragingLog, on_state_loaded: Callable[[], None], **kwargs):
         self._averaging_log = averaging_log
         self._on_state_loaded = on_state_loaded
@@ -81,8 +95,10 @@ class _ObservedStateAverager(TrainingStateAverager, _RecordsRounds):
         super().__init__(**kwargs)
 
 
-class _GradientAveragerKeepingOwn(GradientAverager):
+class _GradientAveragerKeepingOwn(_UpstreamRpcNames, GradientAverager):
     """Remembers this peer's own contribution to the round, so the average can be judged against it."""
+
+    _upstream = GradientAverager
 
     own_gradients: Optional[list] = None
 

@@ -110,7 +110,13 @@ def listed(status) -> dict:
 def test_each_peer_lists_both_from_the_dht_records(swarm, light_env):
     ids = {peer.name: peer.status()["peer_id"] for peer in swarm}
     for peer in swarm:
-        peer.wait_status(lambda s: set(listed(s)) == set(ids.values()), timeout=60, what="both peer records")
+        # records are republished every few seconds: wait for ones written after both peers had averaged
+        peer.wait_status(
+            lambda s: set(listed(s)) == set(ids.values())
+            and all(r["averaging_success"] >= 1 and r["local_epoch"] >= 1 for r in listed(s).values()),
+            timeout=60,
+            what="both peer records, written after a round",
+        )
         result = run_cli("status", "--json", "--state-dir", str(peer.state_dir), env=light_env)
         assert result.returncode == 0, result.stderr
         status = json.loads(result.stdout)

@@ -1,0 +1,26 @@
+"""SwarmOptimizer's averagers must speak hivemind's protocol: same RPC names as the upstream classes."""
+
+import pytest
+
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.state_averager import TrainingStateAverager
+
+from swarmd.swarm.optimizer import _GradientAveragerKeepingOwn, _ObservedStateAverager
+
+
+@pytest.mark.parametrize(
+    "ours, upstream",
+    [(_ObservedStateAverager, TrainingStateAverager), (_GradientAveragerKeepingOwn, GradientAverager)],
+)
+def test_rpc_handler_names_are_upstreams(ours, upstream):
+    for method in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
+        assert ours._get_handle_name("run_grad_averager", method) == upstream._get_handle_name("run_grad_averager", method)
+    ours._collect_rpc_handlers()
+    upstream._collect_rpc_handlers()
+    assert {h.method_name for h in ours._rpc_handlers} == {h.method_name for h in upstream._rpc_handlers}
+
+
+def test_the_round_recording_hook_sits_between_the_state_averager_and_hivemind():
+    mro = _ObservedStateAverager.__mro__
+    names = [cls.__name__ for cls in mro]
+    assert names.index("TrainingStateAverager") < names.index("_RecordsRounds") < names.index("DecentralizedAverager")
