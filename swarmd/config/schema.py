@@ -236,6 +236,9 @@ class LoggingConfig(StrictModel):
     hivemind_level: Literal["debug", "info", "warning", "error"] = Field(
         "warning", description="Level for hivemind's own loggers (info shows every averaging round)."
     )
+    progress_interval: float = Field(
+        15.0, ge=0, description="Seconds between progress lines (epoch, peers, samples/s, loss) in the log; 0: none."
+    )
 
 
 class TaskSection(BaseModel):

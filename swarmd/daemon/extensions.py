@@ -53,4 +53,8 @@ def build_extensions(config) -> list[DaemonExtension]:
     from swarmd.swarm.announcer import PeerAnnouncer
 
     extensions.append(PeerAnnouncer())
+    if config.logging.progress_interval:
+        from swarmd.daemon.progress_log import ProgressLogger
+
+        extensions.append(ProgressLogger(config.logging.progress_interval))
     return extensions
