@@ -2,7 +2,7 @@
 
 The daemon's event loop never blocks on training; this thread never touches the loop. It:
 - catches up with the swarm at start (bounded state download), then trains step after step;
-- runs forward under autocast for bf16/fp16, scales the loss for fp16 (hivemind's GradScaler);
+- runs forward under autocast for bf16/fp16 and scales the loss for fp16 (swarmd.worker.precision);
 - keeps NaN/Inf steps out of the swarm, and restores the last good parameters if a global step made them
   non-finite;
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
@@ -22,13 +22,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from swarmd.swarm.optimizer import StateLoadFailed
+from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
 
 __all__ = ["TrainingWorker", "resolve_device", "move_to_device"]
 
 logger = logging.getLogger(__name__)
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BACKOFF_CAP_SECONDS = 30.0
 _SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's progress before training
 
@@ -71,10 +71,15 @@ class TrainingWorker:
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
         self.device = task.context.device
-        self.precision = config.training.precision
         self.auxiliary = config.swarm.auxiliary
         self.reuse_grad_buffers = config.swarm.reuse_grad_buffers
-        self.scaler = self._make_grad_scaler()
+        self.precision = (
+            None
+            if self.auxiliary
+            else make_precision(
+                config.training.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
+            )
+        )
         self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
         self.reached_max_epochs = False
         self._stop = threading.Event()
@@ -179,26 +184,26 @@ class TrainingWorker:
     def _step(self, batch: Any) -> None:
         started = time.perf_counter()
         batch = move_to_device(batch, self.device)
-        dtype = _AUTOCAST_DTYPES.get(self.precision)
-        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-        with autocast:
+        with self.precision.autocast():
             output = self.task.training_step(self.model, batch)
         loss = output.loss
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.precision.backward(loss)
 
         loss_value = float(loss.detach().float().item())
-        if not math.isfinite(loss_value) or (self.scaler is None and not self._grads_finite()):
-            # A NaN/Inf contribution would poison the swarm's average: drop it. (With fp16, hivemind's
-            # GradScaler already skips overflowing steps and lowers the scale.)
+        epoch_before = self.optimizer.local_epoch
+        if not math.isfinite(loss_value) or not self.precision.step(self.optimizer, output.batch_size):
+            if math.isfinite(loss_value) and self.precision.loss_scaling:
+                # an fp16 overflow: the scaler lowered its scale and dropped the step (normal while it calibrates)
+                logger.debug("fp16 overflow: step skipped, loss scale now %s", self.precision.scaler.get_scale())
+                if not self.reuse_grad_buffers:
+                    self._zero_grad()
+                return
+            # A NaN/Inf contribution would poison the swarm's average: drop it.
             self.stats.nonfinite_steps_total += 1
             logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
-            self._zero_grad()
+            self._discard_local_gradients()
             return
 
-        epoch_before = self.optimizer.local_epoch
-        self.optimizer.step(batch_size=output.batch_size, grad_scaler=self.scaler)
-        if self.scaler is not None:
-            self.scaler.update()
         if not self.reuse_grad_buffers:
             self._zero_grad()
         self.stats.record_step(
@@ -243,23 +248,19 @@ class TrainingWorker:
 
     # --- helpers ---------------------------------------------------------------------------------------------
 
-    def _make_grad_scaler(self):
-        if self.precision != "fp16" or self.auxiliary:
-            return None
-        import hivemind
-
-        # device= matters: hivemind's scaler defaults to CUDA and crashes at unscale_ on a CPU-only host.
-        return hivemind.GradScaler(device=self.device.type)
-
     def _zero_grad(self) -> None:
         for param in self.model.parameters():
             param.grad = None
 
-    def _grads_finite(self) -> bool:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return True
-        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+    def _discard_local_gradients(self) -> None:
+        """Drop this step's gradients. With reuse_grad_buffers they are already mixed into the epoch's accumulated
+        .grad, so those go too, with the samples they stood for (what hivemind itself does after an fp16 overflow)."""
+        grad_averager = self.optimizer.grad_averager
+        if self.reuse_grad_buffers and grad_averager is not None:
+            grad_averager.reset_accumulated_grads_()
+            self.optimizer.tracker.report_local_progress(self.optimizer.local_epoch, samples_accumulated=0)
+        else:
+            self._zero_grad()
 
     def _params_finite(self) -> bool:
         params = list(self.model.parameters())
@@ -288,6 +289,6 @@ class TrainingWorker:
                 opt_params = [p for group in averager.optimizer.param_groups for p in group["params"]]
                 for saved, opt_param in zip(self._backup, opt_params):
                     opt_param.copy_(saved)
-        self._zero_grad()
+        self._discard_local_gradients()
         self.stats.restores_total += 1
         logger.info("Restored the parameters of epoch %s", self._backup_epoch)
