@@ -35,12 +35,13 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, join, status, tasks
+    from swarmd.cli import config_cmd, join, prepare, status, tasks
 
     join.register(app)
     status.register(app)
     app.add_typer(config_cmd.app, name="config")
     tasks.register(app)
+    app.add_typer(prepare.app, name="prepare")
 
 
 _register()
