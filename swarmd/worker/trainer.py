@@ -148,6 +148,7 @@ class TrainingWorker:
     def _train(self) -> None:
         self.stats.phase = "training"
         self.model.train()
+        self.task.set_epoch(self.optimizer.local_epoch)
         batches = iter(self.task.train_batches(self.data_seed))
         consecutive_failures = 0
         while not self._stop.is_set():
@@ -221,6 +222,7 @@ class TrainingWorker:
     def _on_new_epoch(self, previous_epoch: int) -> None:
         epoch = self.optimizer.local_epoch
         self.stats.end_epoch(previous_epoch)
+        self.task.set_epoch(epoch)
         if not self._params_finite():
             self.stats.nonfinite_steps_total += 1
             logger.error("Parameters became non-finite at epoch %d: restoring the last good state", epoch)
