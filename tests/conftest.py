@@ -31,3 +31,29 @@ def daemons(tmp_path):
     yield start
     for daemon in started:
         daemon.close()
+
+
+@pytest.fixture(scope="session")
+def albert_prepared(tmp_path_factory):
+    """`swarmd prepare albert` (first run) on a corpus the tests generate, with a WordPiece tokenizer they train on
+    it with `tokenizers`; `args` re-runs the same preparation."""
+    from types import SimpleNamespace
+
+    from daemons import run_cli
+    from swarmd.tasks.albert.corpus import generate_documents, train_tokenizer, write_corpus
+
+    work = tmp_path_factory.mktemp("albert")
+    write_corpus(work / "corpus", generate_documents(600, seed=3))
+    train_tokenizer(sorted(str(p) for p in (work / "corpus").iterdir()), 600, work / "tokenizer")
+    args = [
+        "prepare", "albert",
+        "--input", str(work / "corpus"),
+        "--tokenizer", str(work / "tokenizer"),
+        "--output", str(work / "prepared"),
+        "--max-seq-length", "64",
+        "--num-proc", "2",
+        "--validation-fraction", "0.05",
+        "--cache-dir", str(work / "cache"),
+    ]
+    first = run_cli(*args, timeout=300)
+    return SimpleNamespace(work=work, output=work / "prepared", args=args, first_run=first)
