@@ -1,5 +1,6 @@
 """Every shipped config validates, and the full-size runs build their models, so none of them can rot."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,18 @@ def test_config_validates(path):
     result = run_cli("config", "validate", str(path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{path}: ok")
+
+
+def test_validating_imports_no_model_or_data_library(tmp_path):
+    """Task modules stay light: `swarmd config validate` must not pay for torch, transformers or datasets."""
+    blocked = tmp_path / "blocked"
+    for name in ("torch", "hivemind", "timm", "transformers", "datasets", "tokenizers"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocked), str(CONFIGS[0].parents[1])])}
+    for path in CONFIGS:
+        result = run_cli("config", "validate", str(path), env=env)
+        assert result.returncode == 0, result.stderr
 
 
 def test_swin_t_builds_at_full_size():
