@@ -118,10 +118,13 @@ def test_missing_or_foreign_prepared_data_is_a_config_error(tmp_path):
         task.prepare()
 
 
-def test_positions_shorter_than_the_prepared_sequences_are_a_config_error(tmp_path, albert_prepared):
+def test_a_model_or_batch_that_does_not_fit_the_prepared_data_is_a_config_error(tmp_path, albert_prepared):
     data = {"source": "prepared", "path": str(albert_prepared.output)}
     task = albert_task(tmp_path, data=data, model={"max_position_embeddings": 32})
     with pytest.raises(ConfigError, match=r"task\.model\.max_position_embeddings: 32 is shorter than the prepared"):
+        task.prepare()
+    task = albert_task(tmp_path, batch_size=100_000, data=data)
+    with pytest.raises(ConfigError, match=r"training\.batch_size: 100000 is more than the \d+ training pairs"):
         task.prepare()
 
 

@@ -14,6 +14,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from swarmd.config.schema import StrictModel
+from swarmd.errors import ConfigError
 from swarmd.tasks.base import StepOutput, Task
 from swarmd.tasks.optim import OptimConfig, build_optimizer, build_scheduler
 
@@ -128,11 +129,15 @@ class AlbertTask(Task):
         self.prepared = prepared.open_prepared(root, key="task.data.path")
         positions = self.settings.model.max_position_embeddings
         if positions is not None and positions < self.prepared.max_seq_length:
-            from swarmd.errors import ConfigError
-
             raise ConfigError(
                 f"task.model.max_position_embeddings: {positions} is shorter than the prepared sequences "
                 f"({self.prepared.max_seq_length} tokens in {root}); raise it or prepare shorter sequences"
+            )
+        pairs = self.prepared.splits.get("train", 0)
+        if pairs < self.context.batch_size:
+            raise ConfigError(
+                f"training.batch_size: {self.context.batch_size} is more than the {pairs} training pairs in {root}; "
+                "lower it or prepare more text"
             )
 
     def build_model(self):

@@ -227,8 +227,6 @@ def _load_documents(inputs: list[str], *, dataset_config, text_column: str, cach
             )
         else:
             loaded = datasets.load_dataset(inputs[0], dataset_config, cache_dir=cache_dir)
-    except ConfigError:
-        raise
     except Exception as e:  # noqa: BLE001 - datasets raises many types for a missing or unreachable dataset
         what = "the text files" if files is not None else f"the dataset {inputs[0]!r}"
         raise ConfigError(
