@@ -33,6 +33,27 @@ def daemons(tmp_path):
         daemon.close()
 
 
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "swarmd-toy-task"
+
+
+@pytest.fixture(scope="session")
+def toy_task_env(tmp_path_factory) -> dict:
+    """The toy-regression plug-in pip-installed into a folder of its own (not the venv); an env that finds it."""
+    import shutil
+    import subprocess
+
+    work = tmp_path_factory.mktemp("toy-plugin")
+    source = work / "source"
+    shutil.copytree(PLUGIN_SOURCE, source)  # setuptools writes build/ and egg-info next to the sources
+    target = work / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-input",
+         "--target", str(target), str(source)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    return {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(target)) if p)}
+
+
 @pytest.fixture(scope="session")
 def albert_prepared(tmp_path_factory):
     """`swarmd prepare albert` (first run) on a corpus the tests generate, with a WordPiece tokenizer they train on
