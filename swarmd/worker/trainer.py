@@ -12,7 +12,6 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading

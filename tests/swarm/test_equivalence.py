@@ -22,7 +22,7 @@ un-averaged), which an exactness check cannot accept. Formed at the step instead
 runs measured. (This mode skipped every second round until swarm/optimizer.py cleared finished rounds.)
 
 Tolerance: float32 sums the two half-batch gradients in another order than the single 2b-row backward pass, so the
-trajectories differ by rounding only (measured ~2e-7 in the losses, ~1e-6 in the parameters). A missing or
+trajectories differ by rounding only (measured 2-3e-7 in the losses, 2e-6 to 1e-5 in the final parameters). A missing or
 mis-weighted average differs by orders of magnitude more, which the test checks too, so it cannot pass by accident.
 """
 
@@ -36,7 +36,7 @@ from daemons import peer_config
 
 BATCH = 16
 TRAINED = 10  # global epochs trained (after the frozen ones) that are compared with the single process
-MAX_EPOCHS = 24  # the peers stop here; E must leave TRAINED epochs before it
+MAX_EPOCHS = 20  # the peers stop here; the first trained epoch must leave TRAINED epochs before it
 TOLERANCE = 1e-4  # relative; see the module docstring
 TASK = {"name": "toy-regression", "lr": 0.5, "lr_decay": 0.1, "frozen_step_seconds": 0.5}
 
@@ -82,7 +82,9 @@ class RoundRecorder(threading.Thread):
             self.done.wait(0.3)
 
     def summary(self, epochs) -> str:
-        return "; ".join(f"{name}: " + " ".join(f"{e}={rounds.get(e, '?')}" for e in epochs) for name, rounds in self.rounds.items())
+        return "; ".join(
+            f"{name}: " + " ".join(f"{e}={rounds.get(e, '?')}" for e in epochs) for name, rounds in self.rounds.items()
+        )
 
 
 def averaged_together(status) -> bool:
@@ -101,8 +103,10 @@ def test_two_peers_match_one_process_with_the_union_batch(daemons, toy_task_env,
     recorder = RoundRecorder([first, second])
     recorder.start()
     (tmp_path / "start").touch()  # both peers begin (frozen) together
-    epochs = [node.wait_status(averaged_together, timeout=120, what="a 2-peer gradient round")["local_epoch"]
-              for node in (first, second)]
+    epochs = [
+        node.wait_status(averaged_together, timeout=120, what="a 2-peer gradient round")["local_epoch"]
+        for node in (first, second)
+    ]
     start = max(epochs) + 3
     assert start <= MAX_EPOCHS - TRAINED, f"the swarm formed only at epoch {max(epochs)}"
     (tmp_path / "unfreeze.tmp").write_text(str(start))
@@ -116,7 +120,7 @@ def test_two_peers_match_one_process_with_the_union_batch(daemons, toy_task_env,
     alone_losses, _ = _single_process(toy_task_env, start, batch=BATCH, count=2)  # peer 0's shard, never averaged
 
     trained = range(start, MAX_EPOCHS)
-    diagnostics = f"rounds: {recorder.summary(range(MAX_EPOCHS))}\n{_averaging_lines(first)}\n{_averaging_lines(second)}"
+    diagnostics = "\n".join([f"rounds: {recorder.summary(range(MAX_EPOCHS))}", _averaging_lines(first), _averaging_lines(second)])
     loss_error = max(abs(swarm_losses[e] - reference_losses[e]) / reference_losses[e] for e in trained)
     assert loss_error < TOLERANCE, f"loss trajectory off by {loss_error:.2e} (relative)\n{diagnostics}"
     param_errors = {}
