@@ -52,10 +52,14 @@ def dht():
 
 
 @pytest.mark.parametrize(
-    "precision,reuse",
-    [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True), ("fp16", False), ("fp16", True)],
+    "precision,reuse,dpu",
+    [
+        ("fp32", False, False), ("fp32", True, False), ("bf16", False, False), ("bf16", True, False),
+        ("fp16", False, False), ("fp16", True, False),
+        ("fp16", False, True), ("fp16", True, True),  # with delayed parameter updates, as the ALBERT-large config
+    ],
 )
-def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision, reuse):
+def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision, reuse, dpu):
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.optimizer import build_swarm_optimizer
     from swarmd.worker.stats import WorkerStats
@@ -63,8 +67,14 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
 
     config = SwarmdConfig.model_validate(
         {
-            "run_id": f"precision-{precision}-{reuse}",
-            "swarm": {"target_batch_size": 2 * BATCH, "reuse_grad_buffers": reuse, "matchmaking_time": 1.0},
+            "run_id": f"precision-{precision}-{reuse}-{dpu}",
+            "swarm": {
+                "target_batch_size": 2 * BATCH,
+                "reuse_grad_buffers": reuse,
+                "matchmaking_time": 1.0,
+                "delay_grad_averaging": dpu,
+                "delay_optimizer_step": dpu,
+            },
             "training": {"precision": precision, "batch_size": BATCH},
         }
     )
@@ -86,6 +96,7 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
             if optimizer.local_epoch == 1:
                 break
         assert optimizer.local_epoch == 1, f"no global step after {len(fed)} local steps"
+        optimizer.state_averager.step(wait_for_delayed_updates=True)  # DPU: the step ran in the background
 
         # Without reuse only the bad step is lost; with reuse the step before it goes too (same .grad buffers).
         contributed = [b, c] if reuse else [a, b]
