@@ -46,3 +46,50 @@ def testtasks_env(tmp_path_factory) -> dict:
     )
     path = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)
     return {"PYTHONPATH": path}
+
+
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "swarmd-toy-task"
+
+
+@pytest.fixture(scope="session")
+def toy_task_env(tmp_path_factory) -> dict:
+    """The toy-regression plug-in pip-installed into a folder of its own (not the venv); an env that finds it."""
+    import shutil
+    import subprocess
+
+    work = tmp_path_factory.mktemp("toy-plugin")
+    source = work / "source"
+    shutil.copytree(PLUGIN_SOURCE, source)  # setuptools writes build/ and egg-info next to the sources
+    target = work / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-input",
+         "--target", str(target), str(source)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    return {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(target)) if p)}
+
+
+@pytest.fixture(scope="session")
+def albert_prepared(tmp_path_factory):
+    """`swarmd prepare albert` (first run) on a corpus the tests generate, with a WordPiece tokenizer they train on
+    it with `tokenizers`; `args` re-runs the same preparation."""
+    from types import SimpleNamespace
+
+    from daemons import run_cli
+    from swarmd.tasks.albert.corpus import generate_documents, train_tokenizer, write_corpus
+
+    work = tmp_path_factory.mktemp("albert")
+    write_corpus(work / "corpus", generate_documents(600, seed=3))
+    train_tokenizer(sorted(str(p) for p in (work / "corpus").iterdir()), 600, work / "tokenizer")
+    args = [
+        "prepare", "albert",
+        "--input", str(work / "corpus"),
+        "--tokenizer", str(work / "tokenizer"),
+        "--output", str(work / "prepared"),
+        "--max-seq-length", "64",
+        "--num-proc", "2",
+        "--validation-fraction", "0.05",
+        "--cache-dir", str(work / "cache"),
+    ]
+    first = run_cli(*args, timeout=300)
+    return SimpleNamespace(work=work, output=work / "prepared", args=args, first_run=first)

@@ -35,13 +35,14 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, join, service, status, tasks
+    from swarmd.cli import config_cmd, join, prepare, service, status, tasks
 
     join.register(app)
     status.register(app)
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(service.app, name="service")
     tasks.register(app)
+    app.add_typer(prepare.app, name="prepare")
 
 
 _register()

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^epoch-(\d{8})-(\d{8}T\d{6}(?:\.\d+)?Z)$")
 _MODEL_FILE, _OPTIMIZER_FILE, _META_FILE = "model.safetensors", "optimizer.safetensors", "meta.json"
+_GROUP_PREFIX = "param_groups/"  # optimizer.safetensors keys of tensors kept in param groups (not per-parameter state)
 
 
 class CheckpointError(Exception):
@@ -185,20 +186,34 @@ def _flatten_optimizer_state(state_dict: dict[str, Any]) -> tuple[dict[str, Any]
                 tensors[key] = value.detach().to("cpu", copy=True).contiguous()
             else:
                 scalars[key] = value
-    meta = {"param_groups": state_dict["param_groups"], "scalars": scalars}
+    groups = []
+    for index, group in enumerate(state_dict["param_groups"]):
+        plain = {}
+        for name, value in group.items():
+            if isinstance(value, torch.Tensor):  # e.g. timm's LAMB keeps its step count in the group
+                tensors[f"{_GROUP_PREFIX}{index}/{name}"] = value.detach().to("cpu", copy=True).contiguous()
+            else:
+                plain[name] = value
+        groups.append(plain)
+    meta = {"param_groups": groups, "scalars": scalars}
     json.dumps(meta)  # fail here, before anything is written, if a value cannot be stored
     return tensors, meta
 
 
 def _unflatten_optimizer_state(tensors: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     state: dict[Any, Any] = {}
+    groups = [dict(group) for group in meta["param_groups"]]
     for key, value in list(tensors.items()) + list(meta["scalars"].items()):
+        if key.startswith(_GROUP_PREFIX):
+            index, _, name = key[len(_GROUP_PREFIX) :].partition("/")
+            groups[int(index)][name] = value
+            continue
         index, _, name = key.partition("/")
         if not name:
             state[index] = value  # e.g. local_epoch
             continue
         state.setdefault(int(index), {})[name] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
+    return {"state": state, "param_groups": groups}
 
 
 def _write_synced(path: Path, data: bytes) -> None:

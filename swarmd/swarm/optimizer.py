@@ -233,6 +233,10 @@ class SwarmOptimizer(Optimizer):
     def _maybe_schedule_gradient_averaging(self) -> None:
         if self.prescheduled_averaging and not self._alone():
             super()._maybe_schedule_gradient_averaging()
+        elif self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done()):
+            # Only upstream's scheduling replaces a finished round; left in place, it makes the next global step
+            # skip averaging ("Not using pre-scheduled group"), i.e. every other step without pre-scheduling.
+            self.scheduled_grads = None
 
     def _maybe_schedule_state_averaging(self) -> None:
         if not self._alone():

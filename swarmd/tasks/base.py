@@ -105,6 +105,11 @@ class Task(ABC):
     def train_batches(self, seed: int) -> Iterator[Any]:
         """An endless iterator of training batches; `seed` makes the order this peer's own."""
 
+    def set_epoch(self, epoch: int) -> None:
+        """The global epoch this peer is now in (like DistributedSampler.set_epoch); called before the first batch
+        and after every epoch change. Data that must follow the swarm's epochs (e.g. exact data-parallel shards)
+        reads it; the default ignores it."""
+
     @abstractmethod
     def training_step(self, model: "torch.nn.Module", batch: Any) -> StepOutput:
         """Forward one batch (already on the device) and return its loss; the worker runs backward."""

@@ -2,7 +2,7 @@
 
 The daemon's event loop never blocks on training; this thread never touches the loop. It:
 - catches up with the swarm at start (bounded state download), then trains step after step;
-- runs forward under autocast for bf16/fp16, scales the loss for fp16 (hivemind's GradScaler);
+- runs forward under autocast for bf16/fp16 and scales the loss for fp16 (swarmd.worker.precision);
 - keeps NaN/Inf steps out of the swarm, and restores the last good parameters if a global step made them
   non-finite;
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
@@ -13,7 +13,6 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
@@ -23,13 +22,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from swarmd.swarm.optimizer import StateLoadFailed
+from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
 
 __all__ = ["TrainingWorker", "resolve_device", "move_to_device"]
 
 logger = logging.getLogger(__name__)
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BACKOFF_CAP_SECONDS = 30.0
 _SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's progress before training
 # Work no config setting bounds; generous, so a large validation set or a slow disk is not taken for a hang.
@@ -75,10 +74,15 @@ class TrainingWorker:
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
         self.device = task.context.device
-        self.precision = config.training.precision
         self.auxiliary = config.swarm.auxiliary
         self.reuse_grad_buffers = config.swarm.reuse_grad_buffers
-        self.scaler = self._make_grad_scaler()
+        self.precision = (
+            None
+            if self.auxiliary
+            else make_precision(
+                config.training.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
+            )
+        )
         self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
         self.reached_max_epochs = False
         self._stop = threading.Event()
@@ -160,6 +164,7 @@ class TrainingWorker:
     def _train(self) -> None:
         self.stats.phase = "training"
         self.model.train()
+        self.task.set_epoch(self.optimizer.local_epoch)
         batches = iter(self.task.train_batches(self.data_seed))
         consecutive_failures = 0
         while not self._stop.is_set():
@@ -199,31 +204,31 @@ class TrainingWorker:
     def _step(self, batch: Any) -> None:
         started = time.perf_counter()
         batch = move_to_device(batch, self.device)
-        dtype = _AUTOCAST_DTYPES.get(self.precision)
-        autocast = torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-        with autocast:
+        with self.precision.autocast():
             output = self.task.training_step(self.model, batch)
         loss = output.loss
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.precision.backward(loss)
 
         loss_value = float(loss.detach().float().item())
-        if not math.isfinite(loss_value) or (self.scaler is None and not self._grads_finite()):
-            # A NaN/Inf contribution would poison the swarm's average: drop it. (With fp16, hivemind's
-            # GradScaler already skips overflowing steps and lowers the scale.)
+        epoch_before = self.optimizer.local_epoch
+        self.stats.begin("optimizer step", self._step_budget)
+        optimizer_started = time.perf_counter()
+        if not math.isfinite(loss_value) or not self.precision.step(self.optimizer, output.batch_size):
+            if math.isfinite(loss_value) and self.precision.loss_scaling:
+                # an fp16 overflow: the scaler lowered its scale and dropped the step (normal while it calibrates)
+                logger.debug("fp16 overflow: step skipped, loss scale now %s", self.precision.scaler.get_scale())
+                if not self.reuse_grad_buffers:
+                    self._zero_grad()
+                return
+            # A NaN/Inf contribution would poison the swarm's average: drop it.
             self.stats.nonfinite_steps_total += 1
             logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
-            self._zero_grad()
+            self._discard_local_gradients()
             if not self._params_finite():
                 logger.error("The parameters themselves are non-finite: restoring the last good state")
                 self._restore_backup()
             return
 
-        epoch_before = self.optimizer.local_epoch
-        self.stats.begin("optimizer step", self._step_budget)
-        optimizer_started = time.perf_counter()
-        self.optimizer.step(batch_size=output.batch_size, grad_scaler=self.scaler)
-        if self.scaler is not None:
-            self.scaler.update()
         if not self.reuse_grad_buffers:
             self._zero_grad()
         finished = time.perf_counter()
@@ -246,6 +251,7 @@ class TrainingWorker:
     def _on_new_epoch(self, previous_epoch: int) -> None:
         epoch = self.optimizer.local_epoch
         self.stats.end_epoch(previous_epoch)
+        self.task.set_epoch(epoch)
         suspicious = self._suspicious_parameters()
         if suspicious:
             logger.error("After the step to epoch %d %s: restoring the last good state", epoch, suspicious)
@@ -278,23 +284,19 @@ class TrainingWorker:
 
     # --- helpers ---------------------------------------------------------------------------------------------
 
-    def _make_grad_scaler(self):
-        if self.precision != "fp16" or self.auxiliary:
-            return None
-        import hivemind
-
-        # device= matters: hivemind's scaler defaults to CUDA and crashes at unscale_ on a CPU-only host.
-        return hivemind.GradScaler(device=self.device.type)
-
     def _zero_grad(self) -> None:
         for param in self.model.parameters():
             param.grad = None
 
-    def _grads_finite(self) -> bool:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
-            return True
-        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+    def _discard_local_gradients(self) -> None:
+        """Drop this step's gradients. With reuse_grad_buffers they are already mixed into the epoch's accumulated
+        .grad, so those go too, with the samples they stood for (what hivemind itself does after an fp16 overflow)."""
+        grad_averager = self.optimizer.grad_averager
+        if self.reuse_grad_buffers and grad_averager is not None:
+            grad_averager.reset_accumulated_grads_()
+            self.optimizer.tracker.report_local_progress(self.optimizer.local_epoch, samples_accumulated=0)
+        else:
+            self._zero_grad()
 
     @torch.no_grad()
     def _suspicious_parameters(self) -> str:
@@ -338,6 +340,6 @@ class TrainingWorker:
                 opt_params = [p for group in averager.optimizer.param_groups for p in group["params"]]
                 for saved, opt_param in zip(self._backup, opt_params):
                     opt_param.copy_(saved)
-        self._zero_grad()
+        self._discard_local_gradients()
         self.stats.restores_total += 1
         logger.info("Restored the parameters of epoch %s", self._backup_epoch)

@@ -111,3 +111,23 @@ def test_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     assert [p.name.split("-")[1] for p in store.list()] == ["00000001"]
     assert store.load_latest().epoch == 1
     assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_optimizer_with_tensors_in_param_groups_round_trips(tmp_path):
+    """timm's LAMB (used by the ALBERT and Swin-T configs) keeps its step count as a tensor in each param group."""
+    from timm.optim import Lamb
+
+    model = torch.nn.Linear(3, 2)
+    opt = Lamb(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    opt.step()
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(model_state=model.state_dict(), optimizer_state=opt.state_dict(), epoch=2, info={})
+    loaded = store.load_latest().optimizer_state
+    assert torch.equal(loaded["param_groups"][0]["step"], torch.tensor(2.0))
+    fresh = Lamb(torch.nn.Linear(3, 2).parameters(), lr=1e-3)
+    fresh.load_state_dict(loaded)
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert float(fresh.param_groups[0]["step"]) == 2.0

@@ -124,6 +124,9 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
         context = SimpleNamespace(device=torch.device("cpu"))
         eval_every_epochs = 0
 
+        def set_epoch(self, epoch):
+            pass
+
         def train_batches(self, seed):
             while True:
                 yield torch.ones(4, 2)

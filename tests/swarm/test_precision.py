@@ -1,0 +1,129 @@
+"""Every precision mode applies the same update as fp32, with and without reuse_grad_buffers.
+
+One in-process hivemind peer (DHT + SwarmOptimizer) and the real TrainingWorker. The inner optimizer is SGD with
+lr 0.5, so the global step must move the parameters by exactly -0.5 x the mean fp32 gradient of the steps that
+were contributed. A bad step sits among them (NaN for fp32/bf16, an fp16 overflow for fp16) and must be dropped:
+on its own without reuse_grad_buffers, together with the epoch's earlier steps with it (they share .grad).
+"""
+
+import copy
+
+import pytest
+import torch
+
+from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.tasks.base import StepOutput, Task, TaskContext
+
+LR = 0.5
+BATCH = 8
+
+
+class _Linear(Task):
+    name = "precision-probe"
+    Config = StrictModel
+
+    def build_model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def build_optimizer(self, param_groups):
+        return torch.optim.SGD(param_groups, lr=LR)
+
+    def train_batches(self, seed):
+        raise NotImplementedError  # the test feeds batches to the worker itself
+
+    def training_step(self, model, batch):
+        x, y = batch
+        return StepOutput(loss=torch.nn.functional.mse_loss(model(x).float(), y), batch_size=x.shape[0])
+
+
+def _batch(seed: int, scale: float = 0.1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(BATCH, 16, generator=generator) * scale, torch.randn(BATCH, 1, generator=generator) * scale
+
+
+@pytest.fixture(scope="module")
+def dht():
+    import hivemind
+
+    node = hivemind.DHT(start=True)
+    yield node
+    node.shutdown()
+
+
+@pytest.mark.parametrize(
+    "precision,reuse,dpu",
+    [
+        ("fp32", False, False), ("fp32", True, False), ("bf16", False, False), ("bf16", True, False),
+        ("fp16", False, False), ("fp16", True, False),
+        ("fp16", False, True), ("fp16", True, True),  # with delayed parameter updates, as the ALBERT-large config
+    ],
+)
+def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision, reuse, dpu):
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.optimizer import build_swarm_optimizer
+    from swarmd.worker.stats import WorkerStats
+    from swarmd.worker.trainer import TrainingWorker
+
+    config = SwarmdConfig.model_validate(
+        {
+            "run_id": f"precision-{precision}-{reuse}-{dpu}",
+            "swarm": {
+                "target_batch_size": 2 * BATCH,
+                "reuse_grad_buffers": reuse,
+                "matchmaking_time": 1.0,
+                "delay_grad_averaging": dpu,
+                "delay_optimizer_step": dpu,
+            },
+            "training": {"precision": precision, "batch_size": BATCH},
+        }
+    )
+    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
+    model = task.build_model()
+    start = copy.deepcopy(model)
+    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
+    try:
+        worker = TrainingWorker(
+            task=task, model=model, optimizer=optimizer, config=config, stats=WorkerStats(), data_seed=0
+        )
+        a, b, c = _batch(1), _batch(2), _batch(3)
+        # fp16: large inputs overflow the scaled fp16 gradients while the loss itself stays finite
+        bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
+        fed = []
+        for batch in (a, bad, b, c, _batch(5), _batch(6)):
+            worker._step(batch)
+            fed.append(batch)
+            if optimizer.local_epoch == 1:
+                break
+        assert optimizer.local_epoch == 1, f"no global step after {len(fed)} local steps"
+        optimizer.state_averager.step(wait_for_delayed_updates=True)  # DPU: the step ran in the background
+
+        # Without reuse only the bad step is lost; with reuse the step before it goes too (same .grad buffers).
+        contributed = [b, c] if reuse else [a, b]
+        assert len(fed) == (4 if reuse else 3)
+        expected = _expected_update(start, contributed)
+        actual = [p.detach() - p0.detach() for p, p0 in zip(model.parameters(), start.parameters())]
+        error = _relative_error(actual, expected)
+        tolerance = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}[precision]
+        assert error < tolerance, f"{precision}, reuse={reuse}: update off by {error:.3g} (relative)"
+        if precision == "fp16":
+            assert worker.precision.scaler.get_scale() < 65536.0  # the overflow lowered the scale
+        else:
+            assert worker.stats.nonfinite_steps_total == 1
+    finally:
+        optimizer.shutdown()
+
+
+def _expected_update(model, batches):
+    grads = None
+    for x, y in batches:
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        step = [p.grad.detach().clone() for p in model.parameters()]
+        grads = step if grads is None else [g + s for g, s in zip(grads, step)]
+    return [-LR * g / len(batches) for g in grads]
+
+
+def _relative_error(actual, expected):
+    diff = torch.cat([(a - e).flatten() for a, e in zip(actual, expected)]).norm()
+    return float(diff / torch.cat([e.flatten() for e in expected]).norm())

@@ -1,0 +1,77 @@
+"""Every shipped config validates, and the full-size runs build their models, so none of them can rot."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from daemons import run_cli
+from swarmd.config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_the_configs_are_there():
+    names = {path.name for path in CONFIGS}
+    assert {"swin-micro.yaml", "swin-t-imagenet.yaml", "albert-micro.yaml", "albert-large-wikitext103.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_validates(path):
+    result = run_cli("config", "validate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{path}: ok")
+
+
+def test_validating_imports_no_model_or_data_library(tmp_path):
+    """Task modules stay light: `swarmd config validate` must not pay for torch, transformers or datasets."""
+    blocked = tmp_path / "blocked"
+    for name in ("torch", "hivemind", "timm", "transformers", "datasets", "tokenizers"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocked), str(CONFIGS[0].parents[1])])}
+    for path in CONFIGS:
+        result = run_cli("config", "validate", str(path), env=env)
+        assert result.returncode == 0, result.stderr
+
+
+def test_swin_t_builds_at_full_size():
+    from swarmd.tasks.swin.model import build_swin
+
+    settings = load_config(_config("swin-t-imagenet.yaml"), environ={}).task.settings
+    with torch.device("meta"):
+        model = build_swin(settings.model, num_classes=1000, device="cpu")
+    assert model.patch_embed.img_size == (224, 224)
+    assert 28.0e6 < _parameters(model) < 28.6e6  # Swin-T: 28.3M
+
+
+def test_albert_large_builds_at_full_size():
+    from swarmd.tasks.albert.model import build_albert
+
+    settings = load_config(_config("albert-large-wikitext103.yaml"), environ={}).task.settings
+    with torch.device("meta"):
+        model = build_albert(settings.model, vocab_size=30000)  # albert-large-v2's own tokenizer
+    config = model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (1024, 24, 16)
+    assert (config.embedding_size, config.intermediate_size, config.max_position_embeddings) == (128, 4096, 512)
+    assert config._attn_implementation == "sdpa"
+    assert 17.5e6 < _parameters(model) < 18.2e6  # ALBERT-large: 18M, its layers shared across the 24
+
+
+def test_micro_configs_build_small_models():
+    from swarmd.tasks.albert.model import build_albert
+    from swarmd.tasks.swin.model import build_swin
+
+    swin = load_config(_config("swin-micro.yaml"), environ={}).task.settings
+    albert = load_config(_config("albert-micro.yaml"), environ={}).task.settings
+    assert _parameters(build_swin(swin.model, num_classes=10, device="cpu")) < 1e6
+    assert _parameters(build_albert(albert.model, vocab_size=albert.data.generated.vocab_size)) < 2e5
+
+
+def _config(name: str) -> Path:
+    return next(path for path in CONFIGS if path.name == name)
+
+
+def _parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
