@@ -62,10 +62,15 @@ def measure_rate(daemon: DaemonProcess, *, warmup: float, duration: float, key: 
     return (second[key] - first[key]) / (time.monotonic() - t0)
 
 
-def install_testtasks(target: Path) -> dict:
+def install_testtasks(work: Path) -> dict:
+    """The test-only task plug-ins (tests/plugins), installed as tests/conftest.py does; an env that finds them."""
+    import shutil
+
+    source, target = work / "source", work / "site"
+    shutil.copytree(REPO / "tests" / "plugins" / "swarmd-test-tasks", source)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-         str(REPO / "tests" / "fixtures" / "testtasks")],
+         str(source)],
         check=True,
     )
     return {"PYTHONPATH": f"{target}:{REPO}"}

@@ -34,30 +34,16 @@ def daemons(tmp_path):
         daemon.close()
 
 
-@pytest.fixture(scope="session")
-def testtasks_env(tmp_path_factory) -> dict:
-    """Environment for daemons that can run the test-only `faulty` task, installed like a third-party plug-in."""
-    target = tmp_path_factory.mktemp("testtasks")
-    package = Path(__file__).resolve().parent / "fixtures" / "testtasks"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(package)],
-        check=True,
-        timeout=300,
-    )
-    path = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path}
-
-
-PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "swarmd-toy-task"
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "swarmd-test-tasks"
 
 
 @pytest.fixture(scope="session")
-def toy_task_env(tmp_path_factory) -> dict:
-    """The toy-regression plug-in pip-installed into a folder of its own (not the venv); an env that finds it."""
+def test_tasks_env(tmp_path_factory) -> dict:
+    """The test-only task plug-ins (toy-regression, faulty, hang-test) pip-installed into a folder of their own,
+    as a third-party package would be (not into the venv), and an environment whose PYTHONPATH finds them."""
     import shutil
-    import subprocess
 
-    work = tmp_path_factory.mktemp("toy-plugin")
+    work = tmp_path_factory.mktemp("test-tasks")
     source = work / "source"
     shutil.copytree(PLUGIN_SOURCE, source)  # setuptools writes build/ and egg-info next to the sources
     target = work / "site"
@@ -66,7 +52,7 @@ def toy_task_env(tmp_path_factory) -> dict:
          "--target", str(target), str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )
-    return {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(target)) if p)}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture(scope="session")

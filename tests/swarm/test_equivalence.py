@@ -94,10 +94,10 @@ def averaged_together(status) -> bool:
     )
 
 
-def test_two_peers_match_one_process_with_the_union_batch(daemons, toy_task_env, tmp_path):
-    first = daemons("a", peer(tmp_path, 0), env=toy_task_env)
+def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_env, tmp_path):
+    first = daemons("a", peer(tmp_path, 0), env=test_tasks_env)
     joining = [arg for addr in first.initial_peers() for arg in ("--initial-peers", addr)]
-    second = daemons("b", peer(tmp_path, 1), env=toy_task_env, extra_args=joining)
+    second = daemons("b", peer(tmp_path, 1), env=test_tasks_env, extra_args=joining)
     for node in (first, second):
         node.wait_status(lambda s: s["state"] == "training", timeout=180, what="training")
     recorder = RoundRecorder([first, second])
@@ -116,8 +116,8 @@ def test_two_peers_match_one_process_with_the_union_batch(daemons, toy_task_env,
     recorder.done.set()
 
     swarm_losses = _swarm_losses(tmp_path, start)
-    reference_losses, reference_params = _single_process(toy_task_env, start, batch=2 * BATCH, count=1)
-    alone_losses, _ = _single_process(toy_task_env, start, batch=BATCH, count=2)  # peer 0's shard, never averaged
+    reference_losses, reference_params = _single_process(test_tasks_env, start, batch=2 * BATCH, count=1)
+    alone_losses, _ = _single_process(test_tasks_env, start, batch=BATCH, count=2)  # peer 0's shard, never averaged
 
     trained = range(start, MAX_EPOCHS)
     diagnostics = "\n".join([f"rounds: {recorder.summary(range(MAX_EPOCHS))}", _averaging_lines(first), _averaging_lines(second)])
@@ -163,11 +163,11 @@ def _single_process(env, start: int, *, batch: int, count: int):
     """The textbook loop: the task's model, optimizer and schedule, one full step per global epoch."""
     import sys
 
-    site = env["PYTHONPATH"].split(os.pathsep)[-1]
+    site = env["PYTHONPATH"].split(os.pathsep)[0]
     if site not in sys.path:
         sys.path.append(site)
     from swarmd.tasks.base import TaskContext
-    from swarmd_toy_task import ToyRegressionTask, ToySettings
+    from swarmd_test_tasks.toy import ToyRegressionTask, ToySettings
 
     values = {key: value for key, value in TASK.items() if key != "name"}
     settings = ToySettings.model_validate(

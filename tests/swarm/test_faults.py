@@ -14,15 +14,15 @@ def faulty(**task):
     )
 
 
-def test_a_failing_step_is_survived_and_repeated_failures_end_with_exit_1(daemons, testtasks_env):
-    peer = daemons("flaky", faulty(fail_at_steps=[5]), env=testtasks_env)
+def test_a_failing_step_is_survived_and_repeated_failures_end_with_exit_1(daemons, test_tasks_env):
+    peer = daemons("flaky", faulty(fail_at_steps=[5]), env=test_tasks_env)
     status = peer.wait_status(lambda s: s["failures_total"] == 1 and s["local_epoch"] >= 3, 120, "recovery after a failure")
     first_id = status["peer_id"]
     assert status["restores_total"] >= 1 and "injected failure at step 5" in status["last_error"]
     assert "A training step failed (1/3 in a row)" in peer.log
     assert peer.terminate() == 0
 
-    doomed = daemons("doomed", faulty(fail_from_step=3), env=testtasks_env, state_dir=peer.state_dir)
+    doomed = daemons("doomed", faulty(fail_from_step=3), env=test_tasks_env, state_dir=peer.state_dir)
     started = time.monotonic()
     assert doomed.proc.wait(120) == 1, doomed.tail()
     assert time.monotonic() - started < 120
@@ -33,8 +33,8 @@ def test_a_failing_step_is_survived_and_repeated_failures_end_with_exit_1(daemon
     assert first_id in doomed.log
 
 
-def test_nan_steps_are_not_contributed_and_nan_parameters_are_restored(daemons, testtasks_env):
-    peer = daemons("nan", faulty(nan_loss_at_steps=[3, 4], nan_params_at_step=12), env=testtasks_env)
+def test_nan_steps_are_not_contributed_and_nan_parameters_are_restored(daemons, test_tasks_env):
+    peer = daemons("nan", faulty(nan_loss_at_steps=[3, 4], nan_params_at_step=12), env=test_tasks_env)
     status = peer.wait_status(
         lambda s: s["restores_total"] >= 1 and s["local_epoch"] >= 6, 120, "NaN parameters restored and training on"
     )
@@ -44,8 +44,8 @@ def test_nan_steps_are_not_contributed_and_nan_parameters_are_restored(daemons, 
     assert peer.terminate() == 0
 
 
-def test_sigkill_leaves_no_process_and_a_restart_skips_a_corrupt_checkpoint(daemons, testtasks_env):
-    peer = daemons("killed", faulty(), env=testtasks_env)
+def test_sigkill_leaves_no_process_and_a_restart_skips_a_corrupt_checkpoint(daemons, test_tasks_env):
+    peer = daemons("killed", faulty(), env=test_tasks_env)
     status = peer.wait_status(lambda s: s["local_epoch"] >= 6, 120, "a few epochs and checkpoints")
     peer_id = status["peer_id"]
     children = peer.descendants()
@@ -61,7 +61,7 @@ def test_sigkill_leaves_no_process_and_a_restart_skips_a_corrupt_checkpoint(daem
     data[len(data) // 2] ^= 0xFF
     (newest / "model.safetensors").write_bytes(bytes(data))
 
-    again = daemons("killed-again", faulty(), env=testtasks_env, state_dir=peer.state_dir)
+    again = daemons("killed-again", faulty(), env=test_tasks_env, state_dir=peer.state_dir)
     status = again.wait_status(lambda s: s["state"] == "training" and s["local_epoch"] is not None, 120, "restart")
     assert status["peer_id"] == peer_id
     assert f"checkpoint {newest.name} is corrupt" in again.log
@@ -72,11 +72,11 @@ def test_sigkill_leaves_no_process_and_a_restart_skips_a_corrupt_checkpoint(daem
     assert again.leftover_processes() == []
 
 
-def test_checkpoint_write_errors_do_not_stop_training(daemons, testtasks_env, tmp_path):
+def test_checkpoint_write_errors_do_not_stop_training(daemons, test_tasks_env, tmp_path):
     state_dir = tmp_path / "nosave"
     state_dir.mkdir()
     (state_dir / "checkpoints").write_text("a file where the checkpoint folder should be")
-    peer = daemons("nosave", faulty(), env=testtasks_env, state_dir=state_dir)
+    peer = daemons("nosave", faulty(), env=test_tasks_env, state_dir=state_dir)
     status = peer.wait_status(
         lambda s: (s["checkpoint"] or {}).get("failures_total", 0) >= 2 and s["local_epoch"] >= 5, 120, "failed saves"
     )
@@ -85,10 +85,10 @@ def test_checkpoint_write_errors_do_not_stop_training(daemons, testtasks_env, tm
     assert peer.terminate() == 0
 
 
-def test_a_hung_step_does_not_hold_up_the_stop(daemons, testtasks_env):
+def test_a_hung_step_does_not_hold_up_the_stop(daemons, test_tasks_env):
     config = faulty(hang_at_step=8)
     config["daemon"]["shutdown_timeout"] = 12.0
-    peer = daemons("hung", config, env=testtasks_env)
+    peer = daemons("hung", config, env=test_tasks_env)
     peer.wait_status(lambda s: s["steps_total"] >= 7, 120, "training up to the hang")
     time.sleep(1.0)
     started = time.monotonic()

@@ -3,11 +3,11 @@
 from daemons import peer_config, run_cli
 
 
-def test_an_installed_plugin_task_is_listed_and_trains(daemons, toy_task_env, tmp_path):
-    listed = run_cli("tasks", env=toy_task_env)
+def test_an_installed_plugin_task_is_listed_and_trains(daemons, test_tasks_env, tmp_path):
+    listed = run_cli("tasks", env=test_tasks_env)
     assert listed.returncode == 0, listed.stderr
     line = next(line for line in listed.stdout.splitlines() if line.startswith("toy-regression"))
-    assert line.split()[1] == "swarmd-toy-task" and "plug-in example" in line
+    assert line.split()[1] == "swarmd-test-tasks" and "plug-in example" in line
     assert "toy-regression" not in run_cli("tasks").stdout  # only where the package is installed
 
     trace = tmp_path / "trace.txt"
@@ -16,7 +16,7 @@ def test_an_installed_plugin_task_is_listed_and_trains(daemons, toy_task_env, tm
         swarm={"target_batch_size": 64},
         training={"batch_size": 32, "max_epochs": 12},
     )
-    peer = daemons("toy", config, env=toy_task_env)
+    peer = daemons("toy", config, env=test_tasks_env)
     assert peer.proc.wait(timeout=180) == 0, peer.tail()
     assert "Reached training.max_epochs=12" in peer.log
     losses = {}

@@ -15,29 +15,12 @@ import pytest
 from daemons import peer_config
 from notify_receiver import NotifyReceiver
 
-TEST_TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "swarmd-test-tasks"
 WATCHDOG_SECONDS = 3.0  # systemd's WatchdogSec; swarmd pings every half of it
 INTERVAL = WATCHDOG_SECONDS / 2
 SHUTDOWN_TIMEOUT = 20.0
 JOURNAL_LINE = re.compile(r"^<(?P<priority>[0-7])>(?P<level>DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL) [\w.]+: ")
 PLAIN_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} (?P<level>DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL) (?P<logger>[\w.]+): ")
 PRIORITY = {"DEBUG": "7", "INFO": "6", "WARN": "4", "WARNING": "4", "ERROR": "3", "CRITICAL": "2"}
-
-
-@pytest.fixture(scope="module")
-def test_tasks(tmp_path_factory) -> str:
-    """The test-only task plug-in, pip-installed into a temporary directory (not the venv) for PYTHONPATH."""
-    source = tmp_path_factory.mktemp("test-tasks-src") / "swarmd-test-tasks"
-    shutil.copytree(TEST_TASKS, source)  # setuptools writes build files next to the sources
-    target = tmp_path_factory.mktemp("test-tasks")
-    # Offline with the venv's setuptools where it has one (Python < 3.12 venvs do); else pip fetches it.
-    offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *offline, "--target", str(target), str(source)],
-        check=True,
-        timeout=300,
-    )
-    return str(target)
 
 
 def hang_config(hang_file: Path, **sections):
@@ -52,12 +35,7 @@ def hang_config(hang_file: Path, **sections):
     return config
 
 
-def python_path(test_tasks: str) -> str:
-    repo = str(Path(__file__).resolve().parents[2])
-    return f"{test_tasks}:{repo}"
-
-
-def test_notify_watchdog_and_journal_logs(daemons, test_tasks, tmp_path):
+def test_notify_watchdog_and_journal_logs(daemons, test_tasks_env, tmp_path):
     receiver = NotifyReceiver(str(tmp_path / "notify.sock"))
     hang_file = tmp_path / "hang"
     log_path = tmp_path / "peer.log"  # DaemonProcess appends the daemon's stderr here: our "journal"
@@ -67,7 +45,7 @@ def test_notify_watchdog_and_journal_logs(daemons, test_tasks, tmp_path):
         "NOTIFY_SOCKET": receiver.address,
         "WATCHDOG_USEC": str(int(WATCHDOG_SECONDS * 1e6)),
         "JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}",
-        "PYTHONPATH": python_path(test_tasks),
+        "PYTHONPATH": test_tasks_env["PYTHONPATH"],
     }
     started = time.time()
     peer = daemons("peer", hang_config(hang_file, logging={"format": "auto"}), env=env)
@@ -126,9 +104,9 @@ def test_notify_watchdog_and_journal_logs(daemons, test_tasks, tmp_path):
         assert match["priority"] == PRIORITY[match["level"]], line
 
 
-def test_two_peers_stop_without_errors_in_their_logs(daemons, test_tasks, tmp_path):
+def test_two_peers_stop_without_errors_in_their_logs(daemons, test_tasks_env, tmp_path):
     """Peers leave and stop all the time: hivemind's complaints about it are not the operator's errors."""
-    env = {"PYTHONPATH": python_path(test_tasks)}
+    env = {"PYTHONPATH": test_tasks_env["PYTHONPATH"]}
     config = hang_config(tmp_path / "never", swarm={"matchmaking_time": 2.0, "averaging_timeout": 5.0, "target_batch_size": 256})
     first = daemons("first", config, env=env)
     second = daemons("second", config, extra_args=first.join_line()[2:], env=env)

@@ -25,12 +25,12 @@ def peers_together(n):
     return lambda s: s["num_peers"] == n and s["local_epoch"] is not None and s["local_epoch"] >= 2
 
 
-def test_a_killed_peer_is_survived_and_rejoins(daemons, testtasks_env):
-    a = daemons("a", swarm_config(step_sleep=0.02), env=testtasks_env)
+def test_a_killed_peer_is_survived_and_rejoins(daemons, test_tasks_env):
+    a = daemons("a", swarm_config(step_sleep=0.02), env=test_tasks_env)
     peers = a.initial_peers()
     extra = [arg for p in peers for arg in ("--initial-peers", p)]
-    b = daemons("b", swarm_config(step_sleep=0.02), env=testtasks_env, extra_args=extra)
-    c = daemons("c", swarm_config(step_sleep=0.02), env=testtasks_env, extra_args=extra)
+    b = daemons("b", swarm_config(step_sleep=0.02), env=test_tasks_env, extra_args=extra)
+    c = daemons("c", swarm_config(step_sleep=0.02), env=test_tasks_env, extra_args=extra)
     for peer in (a, b, c):
         peer.wait_status(peers_together(3), 180, "three peers training together")
     c_status = c.wait_status(lambda s: s["checkpoint"] is not None, 60, "a checkpoint of c")
@@ -51,7 +51,7 @@ def test_a_killed_peer_is_survived_and_rejoins(daemons, testtasks_env):
     shrunk_after = time.monotonic() - killed_at
 
     restarted_at = time.monotonic()
-    c2 = daemons("c-again", swarm_config(step_sleep=0.02), env=testtasks_env, extra_args=extra, state_dir=c.state_dir)
+    c2 = daemons("c-again", swarm_config(step_sleep=0.02), env=test_tasks_env, extra_args=extra, state_dir=c.state_dir)
     status = c2.wait_status(lambda s: s["state"] == "training" and s["local_epoch"] is not None, 120, "c restarted")
     assert status["peer_id"] == c_id
     assert "Resuming from checkpoint" in c2.log
@@ -68,17 +68,17 @@ def test_a_killed_peer_is_survived_and_rejoins(daemons, testtasks_env):
         assert peer.leftover_processes() == []
 
 
-def test_a_garbage_peer_is_rejected_and_honest_loss_does_not_blow_up(daemons, testtasks_env):
-    a = daemons("honest-a", swarm_config(), env=testtasks_env)
+def test_a_garbage_peer_is_rejected_and_honest_loss_does_not_blow_up(daemons, test_tasks_env):
+    a = daemons("honest-a", swarm_config(), env=test_tasks_env)
     # the mean loss of the first epoch, before any learning (read early: the history window is bounded)
     initial_loss = a.wait_status(lambda s: s["loss_history"], 120, "a first epoch")["loss_history"][0][1]
     extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
-    b = daemons("honest-b", swarm_config(), env=testtasks_env, extra_args=extra)
+    b = daemons("honest-b", swarm_config(), env=test_tasks_env, extra_args=extra)
     before = a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 5 and s["loss"], 180, "honest training")
     assert before["loss"] < 0.5 * initial_loss  # the honest pair learns
 
     # A peer whose gradients are scaled by -1e6: garbage that would push everyone uphill.
-    garbage = daemons("garbage", swarm_config(grad_scale=-1e6), env=testtasks_env, extra_args=extra)
+    garbage = daemons("garbage", swarm_config(grad_scale=-1e6), env=test_tasks_env, extra_args=extra)
     garbage.wait_status(lambda s: s["num_peers"] == 3, 120, "the garbage peer joined")
     for peer in (a, b):
         status = peer.wait_status(
