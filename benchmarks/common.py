@@ -77,29 +77,9 @@ def install_testtasks(work: Path) -> dict:
 
 
 def p2pd_bytes(daemon: DaemonProcess) -> tuple[int, int]:
-    """(sent, received) bytes over the TCP connections of the daemon's p2pd, from the kernel's tcp_info (ss)."""
-    import subprocess as sp
+    """(sent, received) TCP payload bytes of the daemon's p2pd so far: the same kernel counters (sock_diag)
+    that the daemon exports as swarmd_network_{sent,received}_bytes_total."""
+    from swarmd.metrics.netstat import P2pdProcesses, TcpTraffic
 
-    from swarmd.swarm.children import descendant_pids
-
-    pids = set()
-    for pid in descendant_pids(daemon.proc.pid):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "p2pd":
-                    pids.add(pid)
-        except OSError:
-            pass
-    output = sp.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=True).stdout
-    sent = received = 0
-    owner = None
-    for line in output.splitlines():
-        if not line.startswith(("\t", " ")):
-            owner = next((pid for pid in pids if f"pid={pid}," in line), None)
-            continue
-        if owner is None:
-            continue
-        fields = dict(item.split(":", 1) for item in line.split() if ":" in item and not item.startswith("("))
-        sent += int(fields.get("bytes_acked", 0))
-        received += int(fields.get("bytes_received", 0))
-    return sent, received
+    traffic = TcpTraffic(P2pdProcesses(daemon.proc.pid))
+    return traffic.read() or (0, 0)
