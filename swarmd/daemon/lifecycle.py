@@ -114,8 +114,9 @@ class Daemon:
         self._check_stop()
 
         training = self.config.training
-        if training.threads:
-            torch.set_num_threads(training.threads)
+        from swarmd.worker.threads import reserve_threads_for_worker
+
+        worker_threads = reserve_threads_for_worker(training.threads)
         device = resolve_device(training.device)
         self.device = str(device)
         init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -182,6 +183,7 @@ class Daemon:
             config=self.config,
             stats=self.stats,
             data_seed=_data_seed(training.seed, self.peer_id),
+            threads=worker_threads,
             save_checkpoint=self.save_checkpoint if self.config.checkpoint.enabled else None,
         )
         self.worker.start()

@@ -24,6 +24,7 @@ import torch
 from swarmd.swarm.optimizer import StateLoadFailed
 from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
+from swarmd.worker.threads import use_threads_in_this_thread
 
 __all__ = ["TrainingWorker", "resolve_device", "move_to_device"]
 
@@ -68,8 +69,10 @@ class TrainingWorker:
         stats: WorkerStats,
         data_seed: int,
         save_checkpoint: Optional[Callable[[], None]] = None,
+        threads: int = 0,
     ):
         self.task, self.model, self.optimizer, self.config = task, model, optimizer, config
+        self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
         self.stats = stats
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
@@ -120,6 +123,8 @@ class TrainingWorker:
 
     def _run(self) -> None:
         try:
+            if self.threads:
+                use_threads_in_this_thread(self.threads)
             self._catch_up_with_swarm()
             if self.auxiliary:
                 self._assist()

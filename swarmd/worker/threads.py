@@ -1,0 +1,52 @@
+"""CPU threads for training: the worker computes with N OpenMP threads, every other thread with one.
+
+Why: GNU OpenMP (the libgomp that PyTorch's wheels ship) gives each thread that runs a parallel region its own
+team of threads, which stay alive in its pool. As soon as more OpenMP threads exist than CPUs, libgomp stops
+spin-waiting between parallel regions ("throttled" spin, 100 iterations) and its threads sleep on a futex
+instead, so every small kernel pays a wake-up. hivemind runs the optimizer step and the averaging bookkeeping on
+its own threads, the daemon builds the model on others: with torch's default, their teams pushed the training
+step of a 2-core peer from 520 to 340 samples/s (benchmarks/solo_overhead.py, docs/PERFORMANCE.md).
+
+So the process-wide setting is one thread (every thread initialises its OpenMP thread count from it on first
+use), and the worker alone raises its own, thread-local, OpenMP count to N.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Optional
+
+import torch
+
+__all__ = ["reserve_threads_for_worker", "use_threads_in_this_thread"]
+
+logger = logging.getLogger(__name__)
+
+
+def reserve_threads_for_worker(threads: int) -> int:
+    """On the main thread, before any torch work: the worker's thread count (0: torch's default); others get 1."""
+    wanted = threads or torch.get_num_threads()
+    if _libgomp() is not None:
+        torch.set_num_threads(1)
+    return wanted
+
+
+def use_threads_in_this_thread(threads: int) -> None:
+    """In the worker thread: compute with `threads` OpenMP threads, without raising the other threads' count."""
+    gomp = _libgomp()
+    torch.get_num_threads()  # PyTorch initialises this thread's count from the process-wide one (1) on first use
+    if gomp is None:
+        torch.set_num_threads(threads)  # another OpenMP runtime: the process-wide setting is all there is
+    else:
+        gomp.omp_set_num_threads(threads)  # thread-local in libgomp; torch.get_num_threads() follows it
+    logger.debug("training with %d CPU threads", torch.get_num_threads())
+
+
+def _libgomp() -> Optional[ctypes.CDLL]:
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libgomp" in line and line.rstrip().endswith(".so.1")})
+    except OSError:
+        return None
+    return ctypes.CDLL(paths[0]) if paths else None
