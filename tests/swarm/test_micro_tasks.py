@@ -33,7 +33,13 @@ def loss_drop(status) -> float:
     return sum(losses[:2]) / 2 - sum(losses[-2:]) / 2
 
 
-def train_two_peers(daemons, configs, *, epochs: int, extra=lambda status: True):
+def train_two_peers(daemons, configs, *, epochs: int, min_drop: float, extra=lambda status: True):
+    """Two peers train until each has averaged with the other and its loss fell by `min_drop`, within a bound.
+
+    Per-epoch losses of a micro run with augmentation are noisy (one epoch can sit above the one before), so the
+    test waits for the drop over at least `epochs` global epochs instead of sampling one fixed moment; a run that
+    does not learn still fails at the timeout.
+    """
     first = daemons("first", configs[0])
     joining = [arg for addr in first.initial_peers() for arg in ("--initial-peers", addr)]
     second = daemons("second", configs[1], extra_args=joining)
@@ -42,9 +48,9 @@ def train_two_peers(daemons, configs, *, epochs: int, extra=lambda status: True)
         statuses.append(
             node.wait_status(
                 lambda s: (s["local_epoch"] or 0) >= epochs and len(s["loss_history"]) >= 4 and averaged_with_two(s)
-                and extra(s),
+                and loss_drop(s) > min_drop and extra(s),
                 timeout=420,
-                what=f"{epochs} global epochs averaged by two peers",
+                what=f"{epochs}+ global epochs averaged by two peers and a loss drop above {min_drop}",
             )
         )
     for node in (first, second):
@@ -60,7 +66,9 @@ def test_swin_micro_trains_with_two_peers_and_reports_accuracy(daemons, shared_d
         "swin-micro.yaml", data={"path": str(shared_data)}, eval_every_epochs=3, eval_max_batches=5
     )
     config = peer_config(task=task, swarm={"target_batch_size": 512}, training={"batch_size": 32})
-    statuses = train_two_peers(daemons, [config, config], epochs=6, extra=lambda s: s["evaluation"] is not None)
+    statuses = train_two_peers(
+        daemons, [config, config], epochs=6, min_drop=0.05, extra=lambda s: s["evaluation"] is not None
+    )
     for status in statuses:
         assert loss_drop(status) > 0.05, status["loss_history"]
         metrics = status["evaluation"]["metrics"]
@@ -82,7 +90,7 @@ def test_albert_micro_trains_with_two_peers_of_different_precision(daemons, albe
         )
         for precision, reuse in (("fp16", True), ("bf16", False))
     ]
-    statuses = train_two_peers(daemons, configs, epochs=8)
+    statuses = train_two_peers(daemons, configs, epochs=8, min_drop=0.2)
     for status, precision in zip(statuses, ("fp16", "bf16")):
         assert status["precision"] == precision
         assert status["nonfinite_steps_total"] == 0
