@@ -153,7 +153,9 @@ class SwarmConfig(StrictModel):
         default_factory=dict, description="Extra keyword arguments for hivemind's averagers (advanced)."
     )
     tracker_opts: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for hivemind's ProgressTracker (advanced)."
+        default_factory=dict,
+        description="Extra keyword arguments for hivemind's ProgressTracker (advanced), plus report_interval: "
+        "seconds between progress publications to the DHT (default 0.5; 0: after every step, as upstream).",
     )
 
     @model_validator(mode="after")

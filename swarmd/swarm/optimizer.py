@@ -9,7 +9,8 @@
 - `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
-- successful state downloads from peers are counted.
+- successful state downloads from peers are counted;
+- progress is published to the DHT at most every 0.5 s instead of after every step (swarm/progress.py).
 `build_swarm_optimizer` maps the `swarm:` config section onto its arguments.
 """
 
@@ -27,6 +28,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
+from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = ["SwarmOptimizer", "StateLoadFailed", "build_swarm_optimizer"]
 
@@ -154,6 +156,17 @@ class SwarmOptimizer(Optimizer):
             next_chunk_timeout=self.next_chunk_timeout,
             client_mode=self.client_mode,
             auxiliary=self.auxiliary,
+            start=True,
+            **kwargs,
+        )
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ThrottledProgressTracker:
+        return ThrottledProgressTracker(
+            dht=self.dht,
+            prefix=self.run_id,
+            target_batch_size=target_batch_size,
+            client_mode=self.client_mode,
+            status_loglevel=self.status_loglevel,
             start=True,
             **kwargs,
         )

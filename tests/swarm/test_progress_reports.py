@@ -1,0 +1,102 @@
+"""The throttled progress tracker publishes sample counts at a bounded rate, epochs at once, and never loses the newest.
+
+A real DHT (with its p2pd) on 127.0.0.1; publications are counted by wrapping the tracker's DHT handle.
+"""
+
+import threading
+import time
+
+import pytest
+
+hivemind = pytest.importorskip("hivemind")
+
+from swarmd.swarm.progress import ThrottledProgressTracker  # noqa: E402
+
+
+class CountingDHT:
+    """Delegates to a real DHT, recording (time, value) of every progress store."""
+
+    def __init__(self, dht):
+        self._dht = dht
+        self.stores: list[tuple[float, dict]] = []
+        self._lock = threading.Lock()
+
+    def store(self, *args, **kwargs):
+        with self._lock:
+            self.stores.append((time.monotonic(), kwargs.get("value")))
+        return self._dht.store(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+
+@pytest.fixture
+def tracker_on_dht():
+    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    trackers = []
+
+    def make(report_interval: float) -> tuple[ThrottledProgressTracker, CountingDHT]:
+        tracker = ThrottledProgressTracker(
+            dht=dht, prefix=f"throttle{len(trackers)}", target_batch_size=10**9, report_interval=report_interval,
+            start=True,
+        )
+        counting = CountingDHT(dht)
+        tracker.dht = counting
+        trackers.append(tracker)
+        time.sleep(0.3)  # the reporter's first (startup) publication goes to the real handle
+        return tracker, counting
+
+    try:
+        yield make
+    finally:
+        for tracker in trackers:
+            tracker.shutdown(timeout=5)
+        dht.shutdown()
+
+
+def published_samples(counting: CountingDHT) -> list[int]:
+    return [value["samples_accumulated"] for _, value in counting.stores if value]
+
+
+def wait_until(predicate, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_sample_counts_are_coalesced_and_the_newest_is_published(tracker_on_dht):
+    tracker, counting = tracker_on_dht(report_interval=0.5)
+    started = time.monotonic()
+    for step in range(1, 61):  # 60 steps at ~30 steps/s, about 2 s
+        tracker.report_local_progress(local_epoch=0, samples_accumulated=step * 32)
+        time.sleep(1 / 30)
+    elapsed = time.monotonic() - started
+    # the last count is held back, then published by the timer although no step follows
+    assert wait_until(lambda: published_samples(counting)[-1:] == [60 * 32], timeout=2.0), published_samples(counting)
+    publications = len(published_samples(counting))
+    assert 2 <= publications <= elapsed / 0.5 + 2, (publications, elapsed)
+    times = [t for t, _ in counting.stores]
+    assert all(b - a >= 0.3 for a, b in zip(times, times[1:])), times
+
+
+def test_a_new_epoch_is_published_at_once(tracker_on_dht):
+    tracker, counting = tracker_on_dht(report_interval=5.0)
+    tracker.report_local_progress(local_epoch=0, samples_accumulated=32)
+    # upstream's reporter only publishes once it has seen this peer accumulate samples
+    assert wait_until(lambda: published_samples(counting) == [32], timeout=1.0), counting.stores
+    tracker.report_local_progress(local_epoch=0, samples_accumulated=64)  # within the interval: held back
+    before = len(counting.stores)
+    tracker.report_local_progress(local_epoch=1, samples_accumulated=0)
+    assert wait_until(lambda: any(v and v["epoch"] == 1 for _, v in counting.stores[before:]), timeout=1.0), (
+        counting.stores
+    )
+
+
+def test_interval_zero_publishes_every_step_as_upstream(tracker_on_dht):
+    tracker, counting = tracker_on_dht(report_interval=0.0)
+    for step in range(1, 11):
+        tracker.report_local_progress(local_epoch=0, samples_accumulated=step)
+        assert wait_until(lambda: published_samples(counting)[-1:] == [step], timeout=1.0), published_samples(counting)
