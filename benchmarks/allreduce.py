@@ -4,6 +4,9 @@ For each (peers, size): N DHT + averager processes on 127.0.0.1 each hold `size`
 (not timed), then are triggered together and the all-reduce itself is timed. Effective MB/s = size / time.
 The physical limit is measured in the same run: a raw TCP transfer of the same bytes between two processes on
 loopback. Butterfly all-reduce moves 2(N-1)/N x size per peer, so the ideal time is that over the TCP rate.
+Where the time goes: the CPU seconds the averager processes and the p2pd daemons spend during the timed rounds
+(every byte is serialized by the averager, handed to its p2pd over a Unix socket, encrypted by libp2p, and
+the reverse on the other side).
 
     python benchmarks/allreduce.py [--sizes 10 100] [--peers 2 4] [--repeats 3]
 """
@@ -12,11 +15,16 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import time
 
 from common import interleave, machine, print_table, summary
+
+from swarmd.swarm.children import descendant_pids
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 _CHUNK = 1 << 20
 
@@ -64,6 +72,7 @@ class Swarm:
         import torch
 
         self.dhts, self.averagers = [], []
+        self.cpu_per_round: list[dict[str, float]] = []
         numel = int(megabytes * 1e6 / 4)
         for index in range(peers):
             initial = [str(a) for a in self.dhts[0].get_visible_maddrs()] if self.dhts else []
@@ -88,14 +97,33 @@ class Swarm:
             if time.monotonic() > deadline or any(c.done() for c in controls):
                 raise RuntimeError(f"matchmaking failed: {[c.stage for c in controls]}")
             time.sleep(0.01)
+        cpu_before = self._cpu_by_role()
         started = time.perf_counter()
         for control in controls:
             control.allow_allreduce()
         groups = [control.result(120) for control in controls]
         elapsed = time.perf_counter() - started
+        cpu_after = self._cpu_by_role()
+        self.cpu_per_round.append({role: cpu_after[role] - cpu_before[role] for role in cpu_after})
         if any(len(group) != len(self.averagers) for group in groups):
             raise RuntimeError("a round ran with a partial group")
         return elapsed
+
+    def _cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of the averager processes, the p2pd daemons and the DHT processes, summed per role."""
+        averagers = {averager.pid for averager in self.averagers}
+        totals = {"averagers": 0.0, "p2pd": 0.0, "dht": 0.0}
+        for pid in descendant_pids(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    p2pd = f.read().split(b"\0")[0].endswith(b"p2pd")
+            except OSError:
+                continue
+            role = "averagers" if pid in averagers else "p2pd" if p2pd else "dht"
+            totals[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return totals
 
     def close(self) -> None:
         for averager in self.averagers:
@@ -121,6 +149,7 @@ def main() -> None:
                 results = interleave(
                     {"allreduce": swarm.round_seconds, "raw_tcp": lambda: raw_tcp_seconds(num_bytes)}, args.repeats
                 )
+                cpu = {role: statistics.median(r[role] for r in swarm.cpu_per_round) for role in ("averagers", "p2pd")}
             finally:
                 swarm.close()
             allreduce, tcp = statistics.median(results["allreduce"]), statistics.median(results["raw_tcp"])
@@ -129,11 +158,13 @@ def main() -> None:
             rows.append([
                 f"{peers}", f"{megabytes:g}", summary(results["allreduce"]), f"{megabytes / allreduce:.1f}",
                 f"{tcp_rate:.0f}", f"{ideal:.3f}", f"{allreduce / ideal:.1f}x",
+                f"{cpu['averagers']:.2f} / {cpu['p2pd']:.2f}",
             ])
     print_table(
         f"All-reduce (hivemind DecentralizedAverager, no compression) vs raw TCP on loopback, "
         f"{args.repeats} interleaved repeats\n{machine()}",
-        ["peers", "MB", "round s median [min..max]", "effective MB/s", "raw TCP MB/s", "ideal s", "round/ideal"],
+        ["peers", "MB", "round s median [min..max]", "effective MB/s", "raw TCP MB/s", "ideal s", "round/ideal",
+         "CPU s in round: averagers / p2pd"],
         rows,
     )
 

@@ -25,6 +25,8 @@ STRATEGIES = {
     # after identical updates, so they are only re-averaged now and then to repair drift
     "sync": {"average_state_every": 10},
     "sync-state1": {"average_state_every": 1},
+    # the same without pre-scheduling: matchmaking starts only when the epoch's samples are in
+    "sync-nopre": {"average_state_every": 10, "prescheduled_averaging": False},
     # delayed parameter updates: averaging and the optimizer step run in the background, one epoch stale
     "dpu": {"delay_grad_averaging": True, "delay_optimizer_step": True, "average_state_every": 10},
     # local updates every step, parameters averaged every k global epochs

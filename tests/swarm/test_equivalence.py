@@ -55,6 +55,7 @@ def peer(tmp_path, index: int) -> dict:
             "matchmaking_time": 2.0,  # also hivemind's per-chunk timeout
             "averaging_timeout": 20.0,
             "prescheduled_averaging": False,
+            "grad_compression": "none",  # exact: fp16 on the wire would round the averaged gradient
             "average_state_every": 1_000_000,  # gradient averaging only: parameters stay equal by themselves
             "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2},
         },
