@@ -39,7 +39,7 @@ def run(guard: bool, scale: float, epochs: int, root: Path, env: dict) -> dict:
         a = DaemonProcess(root / f"a-{guard}", config(guard), env=env, name="a").start()
         peers.append(a)
         initial = a.wait_status(lambda s: s["loss_history"], 120, "a first epoch")["loss_history"][0][1]
-        extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
+        extra = a.joining_args()
         b = DaemonProcess(root / f"b-{guard}", config(guard), env=env, extra_args=extra, name="b").start()
         peers.append(b)
         before = a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 8, 240, "honest training")

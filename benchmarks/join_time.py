@@ -48,7 +48,7 @@ def join_once(root: Path, env: dict, args, index: int) -> dict:
     try:
         a = DaemonProcess(root / f"a{index}", cfg, env=env, name="a").start()
         peers.append(a)
-        extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
+        extra = a.joining_args()
         b = DaemonProcess(root / f"b{index}", cfg, env=env, extra_args=extra, name="b").start()
         peers.append(b)
         a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 3, 300, "two peers training")

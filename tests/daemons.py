@@ -118,6 +118,10 @@ class DaemonProcess:
         words = self.join_line(timeout)
         return [words[i + 1] for i, word in enumerate(words) if word == "--initial-peers"]
 
+    def joining_args(self, timeout: float = 90) -> list[str]:
+        """`--initial-peers ADDR ...` for a peer that joins this one."""
+        return [arg for addr in self.initial_peers(timeout) for arg in ("--initial-peers", addr)]
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.splitlines()[-lines:])
 

@@ -97,7 +97,7 @@ def averaged_together(status) -> bool:
 
 def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_env, tmp_path):
     first = daemons("a", peer(tmp_path, 0), env=test_tasks_env)
-    joining = [arg for addr in first.initial_peers() for arg in ("--initial-peers", addr)]
+    joining = first.joining_args()
     second = daemons("b", peer(tmp_path, 1), env=test_tasks_env, extra_args=joining)
     for node in (first, second):
         node.wait_status(lambda s: s["state"] == "training", timeout=180, what="training")

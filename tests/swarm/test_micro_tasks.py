@@ -41,7 +41,7 @@ def train_two_peers(daemons, configs, *, epochs: int, min_drop: float, extra=lam
     does not learn still fails at the timeout.
     """
     first = daemons("first", configs[0])
-    joining = [arg for addr in first.initial_peers() for arg in ("--initial-peers", addr)]
+    joining = first.joining_args()
     second = daemons("second", configs[1], extra_args=joining)
     statuses = []
     for node in (first, second):

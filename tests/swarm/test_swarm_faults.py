@@ -27,8 +27,7 @@ def peers_together(n):
 
 def test_a_killed_peer_is_survived_and_rejoins(daemons, test_tasks_env):
     a = daemons("a", swarm_config(step_sleep=0.02), env=test_tasks_env)
-    peers = a.initial_peers()
-    extra = [arg for p in peers for arg in ("--initial-peers", p)]
+    extra = a.joining_args()
     b = daemons("b", swarm_config(step_sleep=0.02), env=test_tasks_env, extra_args=extra)
     c = daemons("c", swarm_config(step_sleep=0.02), env=test_tasks_env, extra_args=extra)
     for peer in (a, b, c):
@@ -72,7 +71,7 @@ def test_a_garbage_peer_is_rejected_and_honest_loss_does_not_blow_up(daemons, te
     a = daemons("honest-a", swarm_config(), env=test_tasks_env)
     # the mean loss of the first epoch, before any learning (read early: the history window is bounded)
     initial_loss = a.wait_status(lambda s: s["loss_history"], 120, "a first epoch")["loss_history"][0][1]
-    extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
+    extra = a.joining_args()
     b = daemons("honest-b", swarm_config(), env=test_tasks_env, extra_args=extra)
     before = a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 5 and s["loss"], 180, "honest training")
     assert before["loss"] < 0.5 * initial_loss  # the honest pair learns
