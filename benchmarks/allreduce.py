@@ -20,11 +20,9 @@ import socket
 import statistics
 import time
 
-from common import interleave, machine, print_table, summary
+from common import cpu_seconds, interleave, machine, print_table, process_name, summary
 
 from swarmd.swarm.children import descendant_pids
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 _CHUNK = 1 << 20
 
@@ -115,14 +113,10 @@ class Swarm:
         totals = {"averagers": 0.0, "p2pd": 0.0, "dht": 0.0}
         for pid in descendant_pids(os.getpid()):
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    p2pd = f.read().split(b"\0")[0].endswith(b"p2pd")
-            except OSError:
+                role = "averagers" if pid in averagers else "p2pd" if process_name(pid) == "p2pd" else "dht"
+                totals[role] += cpu_seconds(f"/proc/{pid}/stat")
+            except OSError:  # the process ended meanwhile
                 continue
-            role = "averagers" if pid in averagers else "p2pd" if p2pd else "dht"
-            totals[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
         return totals
 
     def close(self) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -18,19 +20,42 @@ from daemons import DaemonProcess, peer_config  # noqa: E402,F401 - re-exported 
 
 __all__ = [
     "REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate",
-    "install_testtasks", "p2pd_bytes",
+    "install_testtasks", "p2pd_bytes", "pinned", "pinned_pair", "cpu_seconds", "process_name",
 ]
 
+T = TypeVar("T")
 
-def interleave(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+
+def interleave(variants: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
     """Run A, B, ..., A, B, ... so that drifts in machine load hit every variant alike."""
-    results: dict[str, list[float]] = {name: [] for name in variants}
+    results: dict[str, list[T]] = {name: [] for name in variants}
     for repeat in range(repeats):
         for name, run in variants.items():
             value = run()
             results[name].append(value)
-            print(f"  [{repeat + 1}/{repeats}] {name}: {value:.4g}", flush=True)
+            shown = f"{value:.4g}" if isinstance(value, float) else value
+            print(f"  [{repeat + 1}/{repeats}] {name}: {shown}", flush=True)
     return results
+
+
+def pinned(daemon: DaemonProcess, core: int) -> DaemonProcess:
+    """Start the daemon (and so every process it forks) on one CPU core."""
+    daemon.args = ["taskset", "-c", str(core), *daemon.args]
+    return daemon.start()
+
+
+@contextlib.contextmanager
+def pinned_pair(root: Path, prefix: str, config: dict) -> Iterator[list[DaemonProcess]]:
+    """Two peers of one swarm on cores 0 and 1, the second joining the first; both closed afterwards."""
+    peers = []
+    try:
+        first = pinned(DaemonProcess(root / f"{prefix}-a", config, name="a"), 0)
+        peers.append(first)
+        peers.append(pinned(DaemonProcess(root / f"{prefix}-b", config, extra_args=first.joining_args(), name="b"), 1))
+        yield peers
+    finally:
+        for peer in peers:
+            peer.close()
 
 
 def summary(values: list[float]) -> str:
@@ -83,3 +108,23 @@ def p2pd_bytes(daemon: DaemonProcess) -> tuple[int, int]:
 
     traffic = TcpTraffic(P2pdProcesses(daemon.proc.pid))
     return traffic.read() or (0, 0)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(stat_path: str) -> float:
+    """User + system CPU seconds so far of the process or thread whose /proc .../stat this is."""
+    with open(stat_path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def process_name(pid: int) -> str:
+    """The name "p2pd" for hivemind's p2p daemon, else the process's comm name."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read().split(b"\0")
+    if cmd and cmd[0].endswith(b"p2pd"):
+        return "p2pd"
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()

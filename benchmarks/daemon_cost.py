@@ -19,23 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, DaemonProcess, interleave, machine, peer_config, print_table, summary
+from common import REPO, DaemonProcess, cpu_seconds, interleave, machine, peer_config, print_table, process_name, summary
 
 from swarmd.swarm.children import descendant_pids
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def timed(args: list[str], env: dict) -> float:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "swarmd", *args], check=True, capture_output=True, env=env, cwd=REPO)
     return time.perf_counter() - started
-
-
-def cpu_seconds(stat_path: str) -> float:
-    with open(stat_path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
 def memory_mb(pid: int) -> tuple[float, float, float]:
@@ -51,12 +43,6 @@ def memory_mb(pid: int) -> tuple[float, float, float]:
             if rest.strip().endswith("kB"):
                 values[key] = int(rest.split()[0]) / 1e3
     return values["Rss"], values["Pss"], values["Private_Clean"] + values["Private_Dirty"]
-
-
-def name(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmd = f.read().split(b"\0")
-    return "p2pd" if cmd and cmd[0].endswith(b"p2pd") else Path(open(f"/proc/{pid}/comm").read().strip()).name
 
 
 def main() -> None:
@@ -100,8 +86,8 @@ def main() -> None:
             loop = (cpu_seconds(loop_stat) - before["loop"]) / elapsed
             process = (cpu_seconds(process_stat) - before["process"]) / elapsed
             per_child = {c: (cpu_seconds(f"/proc/{c}/stat") - t) / elapsed for c, t in before["children"].items()}
-            memory = [(f"daemon (pid {pid})", memory_mb(pid))] + [(f"{name(c)} (pid {c})", memory_mb(c)) for c in children]
-            child_cpu = [(f"{name(c)} (pid {c})", per_child[c]) for c in children]
+            memory = [(f"daemon (pid {pid})", memory_mb(pid))] + [(f"{process_name(c)} (pid {c})", memory_mb(c)) for c in children]
+            child_cpu = [(f"{process_name(c)} (pid {c})", per_child[c]) for c in children]
             samples_per_second = (status["samples_total"] - samples_before) / elapsed
         finally:
             daemon.terminate(timeout=60)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DaemonProcess, machine, p2pd_bytes, peer_config, print_table, summary
+from common import DaemonProcess, interleave, machine, p2pd_bytes, peer_config, pinned, pinned_pair, print_table, summary
 
 MODEL_BYTES = 0.54e6 * 4
 
@@ -49,11 +49,6 @@ def config(data: str, swarm: dict, args) -> dict:
         metrics={"enabled": False},
         daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0},
     )
-
-
-def pinned(daemon: DaemonProcess, core: int) -> DaemonProcess:
-    daemon.args = ["taskset", "-c", str(core), *daemon.args]
-    return daemon.start()
 
 
 def measure(peers: list[DaemonProcess], args) -> dict:
@@ -93,16 +88,8 @@ def run_solo(data: str, root: Path, args, counter: list[int]) -> dict:
 
 def run_pair(name: str, data: str, root: Path, args, counter: list[int]) -> dict:
     counter[0] += 1
-    cfg = config(data, STRATEGIES[name], args)
-    a = pinned(DaemonProcess(root / f"{name}-a-{counter[0]}", cfg, name="a"), 0)
-    peers = [a]
-    try:
-        extra = [arg for p in a.initial_peers() for arg in ("--initial-peers", p)]
-        peers.append(pinned(DaemonProcess(root / f"{name}-b-{counter[0]}", cfg, extra_args=extra, name="b"), 1))
+    with pinned_pair(root, f"{name}-{counter[0]}", config(data, STRATEGIES[name], args)) as peers:
         return measure(peers, args)
-    finally:
-        for peer in peers:
-            peer.close()
 
 
 def main() -> None:
@@ -120,12 +107,7 @@ def main() -> None:
         variants = {"solo": lambda: run_solo(data, root, args, counter)}
         for name in args.strategies:
             variants[name] = lambda name=name: run_pair(name, data, root, args, counter)
-        results = {name: [] for name in variants}
-        for repeat in range(args.repeats):
-            for name, run in variants.items():
-                result = run()
-                results[name].append(result)
-                print(f"  [{repeat + 1}/{args.repeats}] {name}: {result}", flush=True)
+        results = interleave(variants, args.repeats)
     solo = statistics.median(r["rate"] for r in results["solo"])
     rows = []
     for name, runs in results.items():

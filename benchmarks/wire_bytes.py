@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DaemonProcess, machine, p2pd_bytes, peer_config, print_table
+from common import interleave, machine, p2pd_bytes, peer_config, pinned_pair, print_table
 
 MODEL_BYTES = 0.54e6 * 4
 PEERS = 2
@@ -59,16 +59,7 @@ def config(data: str, strategy: str, compression: str, args) -> dict:
 def run_pair(variant: str, data: str, root: Path, args, counter: list[int]) -> dict:
     strategy, compression = variant.split("/")
     counter[0] += 1
-    cfg = config(data, strategy, compression, args)
-    peers = []
-    try:
-        first = DaemonProcess(root / f"{strategy}-{compression}-a-{counter[0]}", cfg, name="a")
-        first.args = ["taskset", "-c", "0", *first.args]
-        peers.append(first.start())
-        extra = [arg for p in first.initial_peers() for arg in ("--initial-peers", p)]
-        second = DaemonProcess(root / f"{strategy}-{compression}-b-{counter[0]}", cfg, extra_args=extra, name="b")
-        second.args = ["taskset", "-c", "1", *second.args]
-        peers.append(second.start())
+    with pinned_pair(root, f"{strategy}-{compression}-{counter[0]}", config(data, strategy, compression, args)) as peers:
         # bytes are counted from the first epoch both peers are in (state download and join traffic excluded)
         for peer in peers:
             peer.wait_status(lambda s: s["num_peers"] == PEERS and (s["local_epoch"] or 0) >= 1, 300, "two peers")
@@ -92,9 +83,6 @@ def run_pair(variant: str, data: str, root: Path, args, counter: list[int]) -> d
             "top1": statistics.mean(s["evaluation"]["metrics"]["top1"] for s in finals),
             "seconds": time.monotonic() - started,
         }
-    finally:
-        for peer in peers:
-            peer.close()
 
 
 def main() -> None:
@@ -112,12 +100,10 @@ def main() -> None:
     ideal = 2 * (PEERS - 1) / PEERS * MODEL_BYTES
     with tempfile.TemporaryDirectory() as tmp:
         root, data, counter = Path(tmp), str(Path(tmp) / "data"), [0]
-        results: dict[str, list[dict]] = {variant: [] for variant in args.variants}
-        for repeat in range(args.repeats):
-            for variant in args.variants:
-                result = run_pair(variant, data, root, args, counter)
-                results[variant].append(result)
-                print(f"  [{repeat + 1}/{args.repeats}] {variant}: {result}", flush=True)
+        results = interleave(
+            {variant: lambda variant=variant: run_pair(variant, data, root, args, counter) for variant in args.variants},
+            args.repeats,
+        )
     rows = []
     for variant, runs in results.items():
         per_epoch = statistics.median(r["bytes_per_epoch"] for r in runs)
