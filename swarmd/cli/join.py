@@ -60,11 +60,12 @@ def join(
 def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
     import uvloop
 
+    from swarmd.daemon.assembly import build_extensions
     from swarmd.daemon.lifecycle import Daemon
     from swarmd.logs import configure_logging
 
     configure_logging(cfg.logging.level, cfg.logging.format)
-    daemon = Daemon(cfg, config_path=config_path)
+    daemon = Daemon(cfg, extensions=build_extensions(cfg), config_path=config_path)
     return uvloop.run(daemon.run())
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from typing import Optional
 
@@ -14,8 +13,6 @@ import typer
 from swarmd.errors import ConfigError
 
 __all__ = ["register"]
-
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # as config.schema.SwarmdConfig.run_id
 
 
 def status(
@@ -50,12 +47,14 @@ def _remote(initial_peers: list[str], run_id: Optional[str], *, state_dir, as_js
         raise ConfigError("--state-dir names a local daemon; remote mode (--initial-peers) needs none")
     if not run_id:
         raise ConfigError("remote mode needs --run-id: the run to watch (the `To join:` line of a peer shows it)")
-    if not _RUN_ID.match(run_id):
+    from swarmd.config.names import is_run_id
+
+    if not is_run_id(run_id):
         raise ConfigError(f"--run-id {run_id!r} is not a run id (letters, digits, '.', '_', '-')")
     from swarmd.status.remote import RemoteSwarm
 
     with RemoteSwarm(initial_peers, run_id) as swarm:
-        _show(swarm.snapshot(), swarm.snapshot, as_json=as_json, once=once)
+        _show(swarm.snapshot().to_dict(), lambda: swarm.snapshot().to_dict(), as_json=as_json, once=once)
 
 
 def _show(snapshot: dict, read, *, as_json: bool, once: bool) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from swarmd.config.multiaddr import check_multiaddr
+from swarmd.config.names import RUN_ID_PATTERN
 from swarmd.config.paths import default_state_dir
 
 __all__ = [
@@ -273,9 +274,7 @@ class SwarmdConfig(StrictModel):
 
     run_id: str = Field(
         "swarmd-micro",
-        min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=RUN_ID_PATTERN,
         description="Name of the training run: peers with the same run_id train together.",
     )
     state_dir: str = Field(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION", "storage_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +156,20 @@ class CheckpointStore:
         )
 
 
+def storage_key(tensor) -> tuple:
+    """Tensors with the same key are one tensor under several names (tied weights). The rule of both the writer
+    (`_unique_contiguous`) and the reader (restore.py `load_model_state`)."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+
+
 def _unique_contiguous(state: dict[str, Any]) -> dict[str, Any]:
     """safetensors refuses shared tensors (e.g. tied embeddings): keep the first name of each storage.
 
-    safetensors.torch.load_model resolves the dropped names back onto the model's tied parameters.
+    restore.py `load_model_state` puts the dropped names back onto the model's tied parameters.
     """
     unique, seen = {}, set()
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        key = storage_key(tensor)
         if tensor.numel() and key in seen:
             continue
         seen.add(key)

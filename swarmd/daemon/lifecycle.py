@@ -1,8 +1,8 @@
 """The daemon's whole life in one place: run -> startup -> main loop -> shutdown.
 
 Threads and processes:
-- the main thread runs the asyncio (uvloop) loop: signals, the status socket, the metrics endpoint, the tick;
-  it also builds the DHT and hivemind.Optimizer, which hivemind requires on the main thread;
+- the main thread runs the asyncio (uvloop) loop: signals, the status socket, the tick (the snapshot, events and
+  the extensions' hooks); it also builds the DHT and hivemind.Optimizer, which hivemind requires on the main thread;
 - one worker thread trains (swarmd.worker.trainer);
 - hivemind's processes (DHT + p2pd, one per averager) are tied to this process and die with it.
 
@@ -14,49 +14,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import signal
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from swarmd.errors import ExitCode, StartupError, SwarmdError
+from swarmd.daemon.extension import AveragingRoundFinished, Extension, StepsFinished
+from swarmd.daemon.state_dir import StateDirLock
+from swarmd.errors import ExitCode, SwarmdError
+from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
 
 __all__ = ["Daemon"]
 
 logger = logging.getLogger("swarmd.daemon")
 
-LOCK_NAME = "swarmd.lock"
+
+@dataclass
+class Runtime:
+    """What a started daemon trains with; built by the start-up phases, stopped by the shutdown."""
+
+    task: Any
+    model: Any
+    optimizer: Any  # swarm/optimizer.py SwarmOptimizer
+    stats: Any  # worker/stats.py WorkerStats
+    averaging_log: Any  # swarm/averaging_log.py AveragingLog
+    worker: Any = None  # worker/trainer.py TrainingWorker, once started
 
 
 class Daemon:
-    def __init__(self, config, *, config_path: Optional[str] = None):
+    def __init__(self, config, *, extensions: list[Extension], config_path: Optional[str] = None):
         self.config = config
         self.config_path = config_path
+        self.extensions = extensions  # assembled by the caller (daemon/assembly.py)
         self.state = "starting"
-        self.started_at = time.time()
-        self.state_dir: Path = config.state_path
-        self.peer_id: Optional[str] = None
-        self.visible_maddrs: list[str] = []
-        self.device: Optional[str] = None
+        self.identity = Identity.from_config(config, started_at=time.time())
         self.dht = None
-        self.optimizer = None
-        self.worker = None
-        self.task = None
-        self.model = None
-        self.checkpoints = None
-        self.stats = None
-        self.averaging_log = None
+        self.runtime: Optional[Runtime] = None
+        self.checkpointer = None
         self.status_server = None
-        from swarmd.daemon.extensions import build_extensions
-
-        self.extensions = build_extensions(config)  # metrics, systemd notification, peer records, ...
+        self.view = _View(self)
+        self._snapshot: Snapshot = build_snapshot(self.identity, self.state)
+        self._lock = StateDirLock(config.state_path)
         self._stop_requested: Optional[asyncio.Event] = None
         self._signals_received = 0
-        self._lock_file = None
         self._exit_code = ExitCode.OK
 
     # --- run -----------------------------------------------------------------------------------------------
@@ -84,248 +87,193 @@ class Daemon:
             await self._shutdown()
             self._restore_signal_handlers()
 
-    # --- startup -------------------------------------------------------------------------------------------
+    # --- startup: each phase returns what the next one needs ----------------------------------------------
 
     async def _startup(self) -> None:
+        await self._open_state_dir()
+        task, model, device, checkpoint = await self._build_model()
+        self.dht = await self._join_swarm()
+        self.runtime = self._build_optimizer(task, model, checkpoint)
+        self.runtime.worker = self._start_worker(device)
+        self._set_state("training")
+        for extension in self.extensions:
+            _guarded(extension.ready, self.view)
+
+    async def _open_state_dir(self) -> None:
+        """Lock the state dir, answer on the status socket ("starting") and start the extensions."""
         from swarmd.status.server import SOCKET_NAME, StatusServer
 
-        self._prepare_state_dir()
-        self.status_server = StatusServer(self.state_dir / SOCKET_NAME, self.snapshot)
+        self._lock.acquire()
+        self.status_server = StatusServer(self.config.state_path / SOCKET_NAME, lambda: self._snapshot.to_dict())
         await self.status_server.start()
         for extension in self.extensions:
             try:
-                await extension.start(self)
+                await extension.start(self.view)
             except Exception:  # noqa: BLE001 - an observer must not stop the daemon
                 logger.exception("%s failed to start; going on without it", type(extension).__name__)
+        self._refresh_snapshot()
 
+    async def _build_model(self):
+        """The task, its model on the device, and the checkpoint it resumed from (or None)."""
         # Heavy imports happen here, after the socket answers "starting".
         import torch
 
         from swarmd.logs import route_hivemind_logs
-        from swarmd.swarm.averaging_log import AveragingLog
         from swarmd.swarm.children import tie_children_to_this_process
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
-        from swarmd.worker.stats import WorkerStats
         from swarmd.worker.trainer import resolve_device
 
         route_hivemind_logs(self.config.logging.hivemind_level)
         tie_children_to_this_process()
         self._check_stop()
-
         training = self.config.training
-        from swarmd.worker.threads import reserve_threads_for_worker
-
-        worker_threads = reserve_threads_for_worker(training.threads)
         device = resolve_device(training.device)
-        self.device = str(device)
+        self.identity = _replace(self.identity, device=str(device))
         init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
         task_cls = resolve_task(self.config.task.name)
-        self.task = task_cls(
+        task = task_cls(
             self.config.task.settings,
             TaskContext(
-                state_dir=self.state_dir,
-                device=device,
-                precision=training.precision,
-                batch_size=training.batch_size,
-                seed=init_seed,
+                state_dir=self.config.state_path, device=device, precision=training.precision,
+                batch_size=training.batch_size, seed=init_seed,
             ),
         )
         logger.info("Preparing task %s (%s)", self.config.task.name, task_cls.description)
-        await asyncio.to_thread(self.task.prepare)
+        await asyncio.to_thread(task.prepare)
         self._check_stop()
         torch.manual_seed(init_seed)
-        self.model = await asyncio.to_thread(self.task.build_model)
-        n_params = sum(p.numel() for p in self.model.parameters())
+        model = await asyncio.to_thread(task.build_model)
+        n_params = sum(p.numel() for p in model.parameters())
         logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, training.precision)
+        checkpoint = None
+        if self.config.checkpoint.enabled:
+            from swarmd.daemon.checkpointer import Checkpointer
 
-        checkpoint = await asyncio.to_thread(self._load_checkpoint_into_model)
-        self.model.to(device)
+            self.checkpointer = Checkpointer(
+                self.config.state_path, run_id=self.config.run_id, task=self.config.task.name,
+                keep=self.config.checkpoint.keep,
+            )
+            checkpoint = await asyncio.to_thread(self.checkpointer.load_into_model, model)
+        model.to(device)
         self._check_stop()
+        return task, model, device, checkpoint
 
-        from swarmd.swarm.dht import start_dht
+    async def _join_swarm(self):
+        from swarmd.swarm.dht import join_command, start_dht
 
-        self.state = "joining"
-        validators = [v for extension in self.extensions for v in _guarded(extension.record_validators, self, [])]
-        self.dht = await start_dht(self.config.network, self.state_dir, record_validators=validators)
-        self.peer_id = str(self.dht.peer_id)
-        self.visible_maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
-        self._announce_addresses()
+        self._set_state("joining")
+        validators = [v for extension in self.extensions for v in _guarded(extension.record_validators, self.view) or []]
+        dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
+        self.dht = dht
+        maddrs = tuple(str(addr) for addr in dht.get_visible_maddrs())
+        self.identity = _replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs)
+        if self.checkpointer is not None:
+            self.checkpointer.peer_id = self.identity.peer_id
+        public = [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
+        logger.info("This peer (%s) is reachable at: %s", self.identity.peer_id, ", ".join(maddrs) or "nowhere")
+        logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path))
         self._check_stop()
+        return dht
 
+    def _build_optimizer(self, task, model, checkpoint) -> Runtime:
+        """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
+        from swarmd.swarm.averaging_log import AveragingLog
         from swarmd.swarm.optimizer import build_swarm_optimizer
+        from swarmd.worker.stats import WorkerStats
 
-        self.averaging_log = AveragingLog()
-        self.stats = WorkerStats()
-        # On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again.
-        self.optimizer = build_swarm_optimizer(
-            dht=self.dht, config=self.config, model=self.model, task=self.task, averaging_log=self.averaging_log
+        averaging_log = AveragingLog()
+        optimizer = build_swarm_optimizer(
+            dht=self.dht, config=self.config, model=model, task=task, averaging_log=averaging_log
         )
+        self.runtime = Runtime(task, model, optimizer, WorkerStats(), averaging_log)  # the shutdown stops it
         self._install_signal_handlers()
         if checkpoint is not None:
-            self._load_checkpoint_into_optimizer(checkpoint)
+            self.checkpointer.load_into_optimizer(optimizer, checkpoint)
+        swarm = self.config.swarm
         logger.info(
             "Joined run %r as %s: target batch %d, %d per step, local epoch %d",
-            self.config.run_id,
-            "an auxiliary peer" if self.config.swarm.auxiliary else "a trainer",
-            self.config.swarm.target_batch_size,
-            training.batch_size,
-            self.optimizer.local_epoch,
+            self.config.run_id, "an auxiliary peer" if swarm.auxiliary else "a trainer",
+            swarm.target_batch_size, self.config.training.batch_size, optimizer.local_epoch,
         )
         self._check_stop()
+        return self.runtime
 
-        from swarmd.worker.trainer import TrainingWorker
+    def _start_worker(self, device):
+        from swarmd.worker.threads import reserve_threads_for_worker
+        from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
-        self.worker = TrainingWorker(
-            task=self.task,
-            model=self.model,
-            optimizer=self.optimizer,
-            config=self.config,
-            stats=self.stats,
-            data_seed=_data_seed(training.seed, self.peer_id),
-            threads=worker_threads,
-            save_checkpoint=self.save_checkpoint if self.config.checkpoint.enabled else None,
+        runtime = self.runtime
+        save = None
+        if self.checkpointer is not None:
+            save = lambda: self.checkpointer.save(runtime.model, runtime.optimizer)  # noqa: E731
+        worker = TrainingWorker(
+            task=runtime.task,
+            model=runtime.model,
+            optimizer=runtime.optimizer,
+            settings=WorkerSettings.from_config(self.config),
+            stats=runtime.stats,
+            averaging_log=runtime.averaging_log,
+            device=device,
+            data_seed=_data_seed(self.config.training.seed, self.identity.peer_id),
+            threads=reserve_threads_for_worker(self.config.training.threads),
+            save_checkpoint=save,
         )
-        self.worker.start()
-        self.state = "training"
-        for extension in self.extensions:
-            _guarded(extension.ready, self, None)
+        worker.start()
+        return worker
 
-    def _prepare_state_dir(self) -> None:
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            probe = self.state_dir / ".write-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            raise StartupError(
-                f"the state dir {self.state_dir} is not usable ({e.strerror}); pass a writable --state-dir"
-            ) from None
-        self._lock_file = open(self.state_dir / LOCK_NAME, "a+")
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "unknown"
-            self._lock_file.close()
-            self._lock_file = None
-            raise StartupError(
-                f"another swarmd (pid {holder}) is running with state dir {self.state_dir}; "
-                "stop it or give this peer its own --state-dir"
-            ) from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
-
-    def _announce_addresses(self) -> None:
-        from swarmd.swarm.dht import join_command
-
-        public = [addr for addr in self.visible_maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
-        logger.info("This peer (%s) is reachable at: %s", self.peer_id, ", ".join(self.visible_maddrs) or "nowhere")
-        logger.info("To join: %s", join_command(public or self.visible_maddrs, self.config.run_id, self.config_path))
-
-    # --- checkpoints ---------------------------------------------------------------------------------------
-
-    def _checkpoint_store(self):
-        if self.checkpoints is None:
-            from swarmd.daemon.checkpoint import CheckpointStore
-
-            self.checkpoints = CheckpointStore(self.state_dir / "checkpoints", keep=self.config.checkpoint.keep)
-        return self.checkpoints
-
-    def _load_checkpoint_into_model(self):
-        """Runs in a thread before the optimizer exists: the optimizer state is applied once it is built."""
-        if not self.config.checkpoint.enabled:
-            return None
-        store = self._checkpoint_store()
-        store.remove_partials()
-        checkpoint = store.load_latest()
-        if checkpoint is None:
-            return None
-        if checkpoint.meta.get("run_id") not in (None, self.config.run_id):
-            logger.warning(
-                "Checkpoint %s belongs to run %r, not %r: ignoring it",
-                checkpoint.path.name,
-                checkpoint.meta.get("run_id"),
-                self.config.run_id,
-            )
-            return None
-        from swarmd.daemon.restore import load_model_state
-
-        load_model_state(self.model, checkpoint)
-        logger.info("Resuming from checkpoint %s (epoch %d)", checkpoint.path.name, checkpoint.epoch)
-        return checkpoint
-
-    def _load_checkpoint_into_optimizer(self, checkpoint) -> None:
-        from swarmd.daemon.restore import load_optimizer_state
-
-        load_optimizer_state(self.optimizer, checkpoint)
-
-    def save_checkpoint(self) -> None:
-        """Capture and write a checkpoint. Called from the worker thread between steps, or after it stopped."""
-        from swarmd.daemon.checkpoint import CheckpointError
-        from swarmd.daemon.restore import capture_state
-
-        model_state, optimizer_state, epoch = capture_state(self.model, self.optimizer)
-        info = {"run_id": self.config.run_id, "task": self.config.task.name, "peer_id": self.peer_id}
-        from swarmd import __version__
-
-        info["swarmd_version"] = __version__
-        try:
-            path = self._checkpoint_store().save(
-                model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info=info
-            )
-        except CheckpointError as e:
-            self.stats.checkpoint_failures_total += 1
-            logger.error("%s; the previous checkpoint is kept and training goes on", e)
-            return
-        self.stats.checkpoint_epoch, self.stats.checkpoint_path, self.stats.checkpoint_time = epoch, str(path), time.time()
-
-    # --- main loop -----------------------------------------------------------------------------------------
+    # --- main loop: the tick -------------------------------------------------------------------------------
 
     async def _main_loop(self) -> None:
         tick = self.config.daemon.tick_interval
+        worker = self.runtime.worker
         while not self._stop_requested.is_set():
             await self._tick()
-            if not self.worker.alive:
-                if self.worker.failure is not None:
-                    logger.error("Stopping: the training worker failed (%s)", self.worker.failure)
+            if not worker.alive:
+                if worker.failure is not None:
+                    logger.error("Stopping: the training worker failed (%s)", worker.failure)
                     self._exit_code = ExitCode.FAILURE
                 break
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), timeout=tick)
 
     async def _tick(self) -> None:
-        if not self.extensions:
-            return
-        snapshot = self.snapshot()
+        """Rebuild the snapshot, deliver what happened since the last tick, then the extensions' tick hooks."""
+        snapshot = self._refresh_snapshot()
+        events = [AveragingRoundFinished(item) for item in self.runtime.averaging_log.take_new()]
+        steps = self.runtime.stats.drain_step_seconds()
+        if steps:
+            events.append(StepsFinished(tuple(steps)))
         for extension in self.extensions:
+            for event in events:
+                _guarded(extension.on_event, event)
             try:
-                await extension.tick(self, snapshot)
+                await extension.tick(self.view, snapshot)
             except Exception:  # noqa: BLE001 - an observer must not stop training
                 logger.exception("%s failed during a tick", type(extension).__name__)
 
-    def snapshot(self) -> dict[str, Any]:
-        from swarmd.status.snapshot import build_snapshot
-
+    def _refresh_snapshot(self) -> Snapshot:
+        """The one place the snapshot is built (on the loop's thread); every reader gets this object."""
+        runtime = self.runtime
         snapshot = build_snapshot(
-            config=self.config,
-            state=self.state,
-            started_at=self.started_at,
-            peer_id=self.peer_id,
-            visible_maddrs=self.visible_maddrs,
-            device=self.device,
-            optimizer=self.optimizer,
-            stats=self.stats,
-            averaging_log=self.averaging_log,
+            self.identity,
+            self.state,
+            progress=read_swarm_progress(runtime.optimizer) if runtime is not None else None,
+            worker=runtime.stats.report() if runtime is not None else None,
+            averaging=runtime.averaging_log.summary() if runtime is not None else None,
+            checkpoint=self.checkpointer.info() if self.checkpointer is not None else None,
         )
         for extension in self.extensions:
             try:
-                snapshot.update(extension.snapshot_fields(self))
+                snapshot = snapshot.with_fields(extension.snapshot_fields())
             except Exception:  # noqa: BLE001 - a broken observer must not break the status
                 logger.exception("%s failed to add to the status", type(extension).__name__)
+        self._snapshot = snapshot
         return snapshot
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self._refresh_snapshot()
 
     # --- shutdown ------------------------------------------------------------------------------------------
 
@@ -333,31 +281,23 @@ class Daemon:
         """Bounded: stop the worker, save, say goodbye, stop hivemind; past the bound, kill what is left."""
         from swarmd.swarm.children import descendant_pids, kill_descendants
 
-        self.state = "stopping"
+        self._set_state("stopping")
         for extension in self.extensions:
-            with contextlib.suppress(Exception):
-                extension.stopping(self)
+            _guarded(extension.stopping, self.view)
         budget = self.config.daemon.shutdown_timeout
         deadline = time.monotonic() + budget
         remaining = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
 
-        worker_stopped = True
-        if self.worker is not None:
-            self.worker.request_stop()
-            worker_stopped = await asyncio.to_thread(self.worker.join, remaining() * 0.6)
-            if not worker_stopped:
-                logger.warning("The training step in progress did not finish in time: abandoning it")
-        clean = self.worker is not None and worker_stopped and self.worker.failure is None
-        if clean and self.config.checkpoint.enabled and self.optimizer is not None:
-            if self._final_checkpoint_needed():
-                await self._bounded("saving the final checkpoint", self.save_checkpoint, remaining)
-        if self.optimizer is not None:
-            await self._bounded("saying goodbye to the swarm", self.optimizer.shutdown, remaining)
+        runtime = self.runtime
+        if runtime is not None and await self._stop_worker(remaining) and self._final_checkpoint_needed():
+            await _bounded("saving the final checkpoint", runtime.worker.save_checkpoint, remaining)
+        if runtime is not None:
+            await _bounded("saying goodbye to the swarm", runtime.optimizer.shutdown, remaining)
         if self.dht is not None:
-            await self._bounded("stopping the DHT", self._stop_dht, remaining)
+            await _bounded("stopping the DHT", self._stop_dht, remaining)
         for extension in reversed(self.extensions):
             with contextlib.suppress(Exception):
-                await extension.close(self)
+                await extension.close()
         if self.status_server is not None:
             await self.status_server.close()
 
@@ -368,30 +308,28 @@ class Daemon:
         if remaining() <= 0:
             logger.error("The graceful stop took longer than daemon.shutdown_timeout=%.0f s", budget)
             self._exit_code = ExitCode.FAILURE
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        self._lock.release()
         logger.info("Stopped (exit code %d)", int(self._exit_code))
 
+    async def _stop_worker(self, remaining) -> bool:
+        """True when the worker stopped cleanly in time (so its state can be saved)."""
+        worker = self.runtime.worker
+        if worker is None:
+            return False
+        worker.request_stop()
+        if not await asyncio.to_thread(worker.join, remaining() * 0.6):
+            logger.warning("The training step in progress did not finish in time: abandoning it")
+            return False
+        return worker.failure is None
+
     def _final_checkpoint_needed(self) -> bool:
-        if not self.stats.steps_total:
-            return False  # nothing trained since start (or since the checkpoint we resumed from)
+        worker = self.runtime.worker
+        if worker.save_checkpoint is None or not self.runtime.stats.report().steps_total:
+            return False  # checkpoints off, or nothing trained since start (or since the checkpoint we resumed from)
         if self.config.swarm.use_local_updates:
             return True  # parameters move every step
         # otherwise parameters only change at global epochs: one saved at this epoch is already current
-        return self.stats.checkpoint_epoch != self.optimizer.local_epoch
-
-    async def _bounded(self, what: str, function, remaining) -> None:
-        timeout = remaining()
-        if timeout <= 0:
-            logger.warning("No time left for %s", what)
-            return
-        try:
-            await asyncio.wait_for(asyncio.to_thread(function), timeout)
-        except asyncio.TimeoutError:
-            logger.warning("Gave up %s after %.0f s", what, timeout)
-        except Exception as e:  # noqa: BLE001 - shutdown goes on whatever one step does
-            logger.warning("Error while %s: %r", what, e)
+        return self.checkpointer.info().epoch != self.runtime.optimizer.local_epoch
 
     def _stop_dht(self) -> None:
         self.dht.shutdown()
@@ -430,13 +368,54 @@ class Daemon:
             raise _StopDuringStartup()
 
 
-def _guarded(hook, daemon, fallback):
+class _View:
+    """The daemon as its extensions see it (daemon/extension.py DaemonView): nothing else of it."""
+
+    def __init__(self, daemon: Daemon):
+        self._daemon = daemon
+
+    @property
+    def config(self):
+        return self._daemon.config
+
+    @property
+    def dht(self):
+        return self._daemon.dht
+
+    def snapshot(self) -> Snapshot:
+        return self._daemon._snapshot
+
+    def worker_activity(self):
+        runtime = self._daemon.runtime
+        return runtime.stats.activity() if runtime is not None else None
+
+
+def _guarded(hook, *args):
     """Call an extension hook; a failing observer is logged and skipped, never fatal."""
     try:
-        return hook(daemon)
+        return hook(*args)
     except Exception:  # noqa: BLE001
         logger.exception("%s failed", getattr(hook, "__qualname__", hook))
-        return fallback
+        return None
+
+
+async def _bounded(what: str, function, remaining) -> None:
+    timeout = remaining()
+    if timeout <= 0:
+        logger.warning("No time left for %s", what)
+        return
+    try:
+        await asyncio.wait_for(asyncio.to_thread(function), timeout)
+    except asyncio.TimeoutError:
+        logger.warning("Gave up %s after %.0f s", what, timeout)
+    except Exception as e:  # noqa: BLE001 - shutdown goes on whatever one step does
+        logger.warning("Error while %s: %r", what, e)
+
+
+def _replace(identity: Identity, **changes) -> Identity:
+    import dataclasses
+
+    return dataclasses.replace(identity, **changes)
 
 
 class _StopDuringStartup(Exception):

@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from swarmd.daemon.checkpoint import storage_key
 from swarmd.errors import ConfigError
 
 __all__ = ["capture_state", "load_model_state", "load_optimizer_state"]
@@ -57,7 +58,7 @@ def _tied_names(model: torch.nn.Module) -> dict[str, list[str]]:
     by_storage: dict[tuple, list[str]] = {}
     for name, tensor in model.state_dict().items():
         if tensor.numel():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+            key = storage_key(tensor)
             by_storage.setdefault(key, []).append(name)
     return {names[0]: names[1:] for names in by_storage.values() if len(names) > 1}
 

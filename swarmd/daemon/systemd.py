@@ -24,8 +24,9 @@ import logging
 import os
 from typing import Any, Optional
 
-from swarmd.daemon.extensions import DaemonExtension
+from swarmd.daemon.extension import DaemonView, Extension
 from swarmd.daemon.sdnotify import Notifier, WatchdogSettings, watchdog_settings
+from swarmd.status.snapshot import WatchdogInfo, progress_line
 
 __all__ = ["SystemdNotifier", "systemd_notifier", "status_line", "progress_check", "STOP_MARGIN_SECONDS"]
 
@@ -33,25 +34,29 @@ logger = logging.getLogger("swarmd.systemd")
 
 STOP_MARGIN_SECONDS = 30.0  # beyond daemon.shutdown_timeout: killing leftovers, closing sockets, exiting
 _ENVIRONMENT = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+_STARTING_LINES = {"starting": "starting: preparing the task and model", "joining": "joining the swarm"}
 
 
-def systemd_notifier() -> Optional["SystemdNotifier"]:
+def systemd_notifier(*, shutdown_timeout: float) -> Optional["SystemdNotifier"]:
     """The extension when systemd started us with a notification socket ($NOTIFY_SOCKET), else None."""
     notifier = Notifier.from_environment()
     if notifier is None:
         return None
-    return SystemdNotifier(notifier, watchdog_settings())
+    return SystemdNotifier(notifier, watchdog_settings(), shutdown_timeout=shutdown_timeout)
 
 
-class SystemdNotifier(DaemonExtension):
-    def __init__(self, notifier: Notifier, watchdog: Optional[WatchdogSettings]):
+class SystemdNotifier(Extension):
+    def __init__(self, notifier: Notifier, watchdog: Optional[WatchdogSettings], *, shutdown_timeout: float):
         self.notifier = notifier
         self.watchdog = watchdog
+        self.shutdown_timeout = shutdown_timeout
+        self._view: Optional[DaemonView] = None
         self._tasks: list[asyncio.Task] = []
         self._ready = False
         self._stalled_since_ping = False
 
-    async def start(self, daemon) -> None:
+    async def start(self, view: DaemonView) -> None:
+        self._view = view
         # hivemind's processes inherit the environment; these are meant for this process only (sd_notify(3)).
         for name in _ENVIRONMENT:
             os.environ.pop(name, None)
@@ -63,43 +68,44 @@ class SystemdNotifier(DaemonExtension):
                 self.watchdog.timeout,
                 self.watchdog.interval,
             )
-        self._tasks.append(asyncio.get_running_loop().create_task(self._report_startup(daemon, interval=1.0)))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._report_startup(view, interval=1.0)))
 
-    def ready(self, daemon) -> None:
+    def ready(self, view: DaemonView) -> None:
         self._ready = True
-        self.notifier.send("READY=1", f"MAINPID={os.getpid()}", "STATUS=" + status_line(daemon.snapshot()))
+        self.notifier.send("READY=1", f"MAINPID={os.getpid()}", "STATUS=" + status_line(view.snapshot()))
         if self.watchdog is not None:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._feed_watchdog(daemon)))
+            self._tasks.append(asyncio.get_running_loop().create_task(self._feed_watchdog(view)))
 
-    async def tick(self, daemon, snapshot: dict[str, Any]) -> None:
+    async def tick(self, view: DaemonView, snapshot) -> None:
         line = status_line(snapshot)
-        check = self._check(daemon)
+        check = self._check(view)
         if check is not None and not check[0]:
             line = f"stalled ({check[1]}); {line}"
         self.notifier.send("STATUS=" + line)
 
-    def snapshot_fields(self, daemon) -> dict[str, Any]:
-        if self.watchdog is None or daemon.stats is None:
+    def snapshot_fields(self) -> dict[str, Any]:
+        activity = self._view.worker_activity() if self._view is not None else None
+        if self.watchdog is None or activity is None:
             return {}
-        activity, seconds, budget = daemon.stats.activity()
+        name, seconds, budget = activity
         allowance = _allowance(budget, self.watchdog.interval)
         return {
-            "watchdog": {
-                "timeout_seconds": self.watchdog.timeout,
-                "activity": activity,
-                "activity_seconds": round(seconds, 3),
-                "allowance_seconds": round(allowance, 3),
-                "progressing": seconds <= allowance,
-            }
+            "watchdog": WatchdogInfo(
+                timeout_seconds=self.watchdog.timeout,
+                activity=name,
+                activity_seconds=round(seconds, 3),
+                allowance_seconds=round(allowance, 3),
+                progressing=seconds <= allowance,
+            )
         }
 
-    def stopping(self, daemon) -> None:
+    def stopping(self, view: DaemonView) -> None:
         for task in self._tasks:
             task.cancel()
-        extend = int((daemon.config.daemon.shutdown_timeout + STOP_MARGIN_SECONDS) * 1e6)
+        extend = int((self.shutdown_timeout + STOP_MARGIN_SECONDS) * 1e6)
         self.notifier.send("STOPPING=1", f"EXTEND_TIMEOUT_USEC={extend}", "STATUS=stopping (saving, saying goodbye)")
 
-    async def close(self, daemon) -> None:
+    async def close(self) -> None:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -107,21 +113,20 @@ class SystemdNotifier(DaemonExtension):
 
     # --- background ----------------------------------------------------------------------------------------
 
-    async def _report_startup(self, daemon, interval: float) -> None:
+    async def _report_startup(self, view: DaemonView, interval: float) -> None:
         """Until ready: what the start is doing, for `systemctl status` during a long start."""
         last = None
         while not self._ready:
-            line = {"starting": "starting: preparing the task and model", "joining": "joining the swarm"}.get(
-                daemon.state, daemon.state
-            )
+            state = view.snapshot().state
+            line = _STARTING_LINES.get(state, state)
             if line != last:
                 self.notifier.send("STATUS=" + line)
                 last = line
             await asyncio.sleep(interval)
 
-    async def _feed_watchdog(self, daemon) -> None:
+    async def _feed_watchdog(self, view: DaemonView) -> None:
         while True:
-            check = self._check(daemon)
+            check = self._check(view)
             if check is None or check[0]:
                 if self._stalled_since_ping:
                     logger.info("The training worker is progressing again; feeding systemd's watchdog")
@@ -137,10 +142,11 @@ class SystemdNotifier(DaemonExtension):
                 )
             await asyncio.sleep(self.watchdog.interval)
 
-    def _check(self, daemon) -> Optional[tuple[bool, str]]:
-        if self.watchdog is None or daemon.stats is None:
+    def _check(self, view: DaemonView) -> Optional[tuple[bool, str]]:
+        activity = view.worker_activity()
+        if self.watchdog is None or activity is None:
             return None
-        return progress_check(daemon.stats.activity(), self.watchdog.interval)
+        return progress_check(activity, self.watchdog.interval)
 
 
 def progress_check(activity: tuple[str, float, Optional[float]], interval: float) -> tuple[bool, str]:
@@ -155,17 +161,6 @@ def _allowance(budget: Optional[float], interval: float) -> float:
     return (budget or 0.0) + interval
 
 
-def status_line(snapshot: dict[str, Any]) -> str:
-    """One line for `systemctl status`: phase: epoch (swarm's epoch), peers, samples/s, loss."""
-    parts = []
-    epoch, swarm_epoch = snapshot.get("local_epoch"), snapshot.get("global_epoch")
-    if epoch is not None:
-        behind = swarm_epoch is not None and swarm_epoch != epoch
-        parts.append(f"epoch {epoch}" + (f" (swarm at {swarm_epoch})" if behind else ""))
-    peers = snapshot.get("num_peers")
-    if peers is not None:
-        parts.append(f"{peers} peer" + ("" if peers == 1 else "s"))
-    parts.append(f"{snapshot.get('samples_per_second') or 0.0:.1f} samples/s")
-    if snapshot.get("loss") is not None:
-        parts.append(f"loss {snapshot['loss']:.4g}")
-    return f"{snapshot.get('phase') or snapshot.get('state')}: " + ", ".join(parts)
+def status_line(snapshot) -> str:
+    """One line for `systemctl status`: phase: epoch (swarm's epoch), peers, samples/s, loss, last round."""
+    return progress_line(snapshot, with_phase=True)

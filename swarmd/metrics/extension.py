@@ -1,8 +1,9 @@
-"""The /metrics endpoint: a DaemonExtension serving the daemon's own registry over HTTP.
+"""The /metrics endpoint: an extension serving the daemon's own registry over HTTP.
 
-prometheus_client's server runs in a thread of its own, so a scrape never waits on (or stalls) the event loop.
-It starts before the heavy start-up, so a daemon that is still joining already answers (state, info). A port
-that cannot be bound is a warning, not a failed start: metrics are an observer and training goes on without.
+prometheus_client's server runs in a thread of its own, so a scrape never waits on (or stalls) the event loop: it
+reads the latest snapshot the loop built. It starts before the heavy start-up, so a daemon that is still joining
+already answers (state, info). A port that cannot be bound is a warning, not a failed start: metrics are an
+observer and training goes on without.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 from typing import Any, Optional
 
-from swarmd.daemon.extensions import DaemonExtension
+from swarmd.daemon.extension import AveragingRoundFinished, DaemonView, Event, Extension, StepsFinished
 
 __all__ = ["MetricsExtension", "split_listen_address"]
 
@@ -24,7 +25,7 @@ def split_listen_address(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-class MetricsExtension(DaemonExtension):
+class MetricsExtension(Extension):
     def __init__(self, listen: str):
         self.listen = listen
         self.metrics = None
@@ -32,7 +33,7 @@ class MetricsExtension(DaemonExtension):
         self.error: Optional[str] = None
         self._server = None
 
-    async def start(self, daemon) -> None:
+    async def start(self, view: DaemonView) -> None:
         from prometheus_client import disable_created_metrics, start_http_server
 
         from swarmd.metrics.collector import SwarmdMetrics
@@ -41,7 +42,7 @@ class MetricsExtension(DaemonExtension):
         disable_created_metrics()  # no `_created` series: noise on every dashboard (this process exports only ours)
         host, port = split_listen_address(self.listen)
         try:
-            self.metrics = SwarmdMetrics(lambda: _core_snapshot(daemon), TcpTraffic(P2pdProcesses()))
+            self.metrics = SwarmdMetrics(view.snapshot, TcpTraffic(P2pdProcesses()))
             self._server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
         except OSError as e:
             self.error = f"cannot listen on {self.listen}: {e.strerror or e}"
@@ -58,18 +59,18 @@ class MetricsExtension(DaemonExtension):
         self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
         logger.info("Prometheus metrics at http://%s/metrics", self.address)
 
-    def ready(self, daemon) -> None:
-        if self.metrics is not None and daemon.averaging_log is not None:
-            self.metrics.watch(daemon.averaging_log)
+    def on_event(self, event: Event) -> None:
+        if self.metrics is None:
+            return
+        if isinstance(event, AveragingRoundFinished):
+            self.metrics.observe_round(event.round)
+        elif isinstance(event, StepsFinished):
+            self.metrics.observe_steps(event.seconds)
 
-    async def tick(self, daemon, snapshot: dict[str, Any]) -> None:
-        if self.metrics is not None and daemon.stats is not None:
-            self.metrics.observe_steps(daemon.stats)
-
-    def snapshot_fields(self, daemon) -> dict[str, Any]:
+    def snapshot_fields(self) -> dict[str, Any]:
         return {"metrics_address": self.address}
 
-    async def close(self, daemon) -> None:
+    async def close(self) -> None:
         if self._server is not None:
             server, self._server = self._server, None
             await asyncio.to_thread(_stop_server, server)
@@ -78,20 +79,3 @@ class MetricsExtension(DaemonExtension):
 def _stop_server(server) -> None:
     server.shutdown()
     server.server_close()
-
-
-def _core_snapshot(daemon) -> dict[str, Any]:
-    """The daemon's snapshot without the extensions' fields (their hooks run on the loop thread, not here)."""
-    from swarmd.status.snapshot import build_snapshot
-
-    return build_snapshot(
-        config=daemon.config,
-        state=daemon.state,
-        started_at=daemon.started_at,
-        peer_id=daemon.peer_id,
-        visible_maddrs=daemon.visible_maddrs,
-        device=daemon.device,
-        optimizer=daemon.optimizer,
-        stats=daemon.stats,
-        averaging_log=daemon.averaging_log,
-    )

@@ -1,145 +1,279 @@
-"""The status snapshot: one dict that `swarmd status`, the Prometheus collector and the DHT record all read.
+"""The status snapshot: one typed record that `swarmd status` (JSON and view), /metrics, the peer records, the
+systemd STATUS line and the progress log all read.
 
-API_VERSION changes when a key is renamed or removed (adding keys does not change it). Top-level keys:
-
-  api_version, swarmd_version, run_id, peer_id, public_name, task, device, precision, state, phase,
-  started_at, uptime_seconds, client_mode, auxiliary, visible_maddrs,
-  local_epoch, global_epoch, num_peers, num_clients, samples_accumulated, target_batch_size, eta_seconds,
-  samples_per_second, samples_total, steps_total, compute_seconds_total, optimizer_seconds_total (time inside
-  hivemind.Optimizer.step: accumulation, waits for averaging, updates), loss, loss_history [[epoch, loss], ...],
-  last_averaging {kind, outcome, group_size, duration_seconds, epoch, time, error},
-  averaging {gradients|state: {success, failed, skipped}}, recent_averaging [...],
-  state_loads_total, failures_total, nonfinite_steps_total, restores_total, last_error,
-  evaluation {epoch, metrics}, checkpoint {epoch, path, time, failures_total}, peers [...]
-
-Added by the daemon's extensions (swarmd/daemon/extensions.py):
-  metrics_address       host:port the /metrics endpoint is bound to (None: metrics off or the port was taken)
-  peers                 the swarm's peer records from the DHT (swarm/peer_records.py), sorted by public_name:
-                        {peer_id, public_name, swarmd_version, task, device, state, local_epoch,
-                         samples_per_second, samples_total, loss, averaging_success, averaging_failed,
-                         uptime_seconds, client_mode, auxiliary, target_batch_size, time, last_seen_seconds,
-                         self (true for this daemon's own record)}
-  peer_records_rejected_total   records read from the DHT that were malformed and ignored
+The daemon builds it in one place (`Daemon._refresh_snapshot`, on the event loop, every tick and on each change
+of state) with `build_snapshot`; every reader gets that same frozen object (or its `to_dict()`, which is what the
+status socket serves). API_VERSION changes when a key is renamed or removed (adding keys does not change it).
+No torch or hivemind import: `swarmd status` and the metrics read this.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 from swarmd import __version__
+from swarmd.swarm.averaging_log import AveragingRound, AveragingSummary
+from swarmd.swarm.outcomes import KINDS, OUTCOMES
 
-__all__ = ["API_VERSION", "PEER_STATES", "build_snapshot"]
+__all__ = [
+    "API_VERSION",
+    "PEER_STATES",
+    "Snapshot",
+    "Identity",
+    "SwarmProgress",
+    "CheckpointInfo",
+    "Evaluation",
+    "WatchdogInfo",
+    "build_snapshot",
+    "read_swarm_progress",
+    "progress_line",
+]
 
 API_VERSION = 1
-PEER_STATES = ("starting", "joining", "training", "stopping")
+PEER_STATES = ("starting", "joining", "training", "stopping")  # the daemon's states (`phase` is the worker's)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this peer is: fixed by the config, completed as the start-up learns its device and peer id."""
+
+    run_id: str
+    public_name: str
+    task: str
+    precision: str
+    client_mode: bool
+    auxiliary: bool
+    target_batch_size: int  # as configured; the swarm's tracker may report another
+    started_at: float
+    peer_id: Optional[str] = None
+    visible_maddrs: tuple = ()
+    device: Optional[str] = None
+
+    @classmethod
+    def from_config(cls, config, started_at: float) -> "Identity":
+        return cls(
+            run_id=config.run_id,
+            public_name=config.daemon.public_name or socket.gethostname(),
+            task=config.task.name,
+            precision=config.training.precision,
+            client_mode=config.network.client_mode,
+            auxiliary=config.swarm.auxiliary,
+            target_batch_size=config.swarm.target_batch_size,
+            started_at=started_at,
+        )
+
+
+@dataclass(frozen=True)
+class SwarmProgress:
+    """hivemind's view of the run, read from the optimizer and its progress tracker."""
+
+    local_epoch: int
+    global_epoch: int
+    num_peers: int
+    num_clients: int
+    samples_accumulated: int
+    target_batch_size: int
+    eta_seconds: Optional[float]
+    state_loads_total: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    epoch: Optional[int] = None  # of the last checkpoint written (None: none yet)
+    path: str = ""
+    time: Optional[float] = None
+    failures_total: int = 0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    epoch: int
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class WatchdogInfo:
+    """systemd's watchdog (only when it is on): the worker's current activity against its allowance."""
+
+    timeout_seconds: float
+    activity: str
+    activity_seconds: float
+    allowance_seconds: float
+    progressing: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    # who
+    run_id: str
+    public_name: Optional[str] = None
+    task: Optional[str] = None
+    precision: Optional[str] = None
+    client_mode: bool = False
+    auxiliary: bool = False
+    started_at: float = 0.0
+    api_version: int = API_VERSION
+    swarmd_version: str = __version__
+    peer_id: Optional[str] = None
+    device: Optional[str] = None
+    visible_maddrs: tuple = ()
+    # what it is doing
+    state: str = "starting"  # one of PEER_STATES
+    phase: str = "starting"  # the worker's: joining, training, assisting, restarting, stopped, failed
+    uptime_seconds: float = 0.0
+    # the swarm, as hivemind's tracker sees it (None until the optimizer exists)
+    local_epoch: Optional[int] = None
+    global_epoch: Optional[int] = None
+    num_peers: Optional[int] = None
+    num_clients: Optional[int] = None
+    samples_accumulated: Optional[int] = None
+    target_batch_size: Optional[int] = None
+    eta_seconds: Optional[float] = None
+    state_loads_total: int = 0
+    # the worker
+    samples_per_second: float = 0.0
+    samples_total: int = 0
+    steps_total: int = 0
+    compute_seconds_total: float = 0.0
+    optimizer_seconds_total: float = 0.0  # inside hivemind.Optimizer.step: accumulation, averaging waits, updates
+    loss: Optional[float] = None
+    loss_history: tuple = ()  # ((epoch, mean loss), ...)
+    step_metrics: dict = field(default_factory=dict)
+    failures_total: int = 0
+    nonfinite_steps_total: int = 0
+    restores_total: int = 0
+    last_error: str = ""
+    evaluation: Optional[Evaluation] = None
+    checkpoint: Optional[CheckpointInfo] = None
+    # averaging rounds (swarm/outcomes.py names the kinds and outcomes)
+    last_averaging: Optional[AveragingRound] = None
+    averaging: dict = field(default_factory=dict)  # {kind: {outcome: rounds}}, every kind and outcome present
+    last_averaging_by_kind: dict = field(default_factory=dict)  # {kind: AveragingRound}
+    recent_averaging: tuple = ()  # the newest rounds, oldest first
+    # added by the extensions (daemon/extension.py `snapshot_fields`)
+    metrics_address: Optional[str] = None  # where /metrics is bound (None: off, or the port was taken)
+    peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
+    peer_records_rejected_total: int = 0
+    watchdog: Optional[WatchdogInfo] = None
+    # remote mode (status/remote.py): a light DHT client watching a run
+    mode: str = "local"
+    initial_peers: tuple = ()
+    observer_peer_id: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: what the status socket serves."""
+        return dataclasses.asdict(self)
+
+    def averaging_total(self, outcomes) -> int:
+        """Rounds of every kind that ended in one of `outcomes`."""
+        return sum(count for by_outcome in self.averaging.values() for name, count in by_outcome.items() if name in outcomes)
+
+    def with_fields(self, fields: Mapping[str, Any]) -> "Snapshot":
+        """A copy with extension fields set; an unknown field raises TypeError naming it."""
+        return dataclasses.replace(self, **fields)
+
+
+def read_swarm_progress(optimizer) -> SwarmProgress:
+    """SwarmOptimizer (hivemind.Optimizer) -> SwarmProgress; read on the loop thread at each tick."""
+    progress = optimizer.tracker.global_progress
+    return SwarmProgress(
+        local_epoch=optimizer.local_epoch,
+        global_epoch=progress.epoch,
+        num_peers=progress.num_peers,
+        num_clients=progress.num_clients,
+        samples_accumulated=progress.samples_accumulated,
+        target_batch_size=progress.target_batch_size,
+        eta_seconds=_eta(progress.eta_next_epoch, time.time()),
+        state_loads_total=optimizer.state_loads_total,
+    )
 
 
 def build_snapshot(
-    *,
-    config,
+    identity: Identity,
     state: str,
-    started_at: float,
-    peer_id: Optional[str],
-    visible_maddrs: list[str],
-    device: Optional[str],
-    optimizer=None,
-    stats=None,
-    averaging_log=None,
-    peers: Optional[list[dict[str, Any]]] = None,
-) -> dict[str, Any]:
-    """Read the live components (any may still be None while starting) into plain JSON-able data."""
-    now = time.time()
-    snapshot: dict[str, Any] = {
-        "api_version": API_VERSION,
-        "swarmd_version": __version__,
-        "run_id": config.run_id,
-        "peer_id": peer_id,
-        "public_name": config.daemon.public_name or socket.gethostname(),
-        "task": config.task.name,
-        "device": device,
-        "precision": config.training.precision,
-        "state": state,
-        "phase": stats.phase if stats is not None else state,
-        "started_at": started_at,
-        "uptime_seconds": round(now - started_at, 3),
-        "client_mode": config.network.client_mode,
-        "auxiliary": config.swarm.auxiliary,
-        "visible_maddrs": visible_maddrs,
-        "local_epoch": None,
-        "global_epoch": None,
-        "num_peers": None,
-        "num_clients": None,
-        "samples_accumulated": None,
-        "target_batch_size": config.swarm.target_batch_size,
-        "eta_seconds": None,
-        "samples_per_second": 0.0,
-        "samples_total": 0,
-        "steps_total": 0,
-        "compute_seconds_total": 0.0,
-        "optimizer_seconds_total": 0.0,
-        "loss": None,
-        "loss_history": [],
-        "last_averaging": None,
-        "averaging": {},
-        "recent_averaging": [],
-        "state_loads_total": 0,
-        "failures_total": 0,
-        "nonfinite_steps_total": 0,
-        "restores_total": 0,
-        "last_error": "",
-        "evaluation": None,
-        "checkpoint": None,
-        "peers": peers or [],
-    }
-    if optimizer is not None:
-        progress = optimizer.tracker.global_progress
-        snapshot.update(
-            local_epoch=optimizer.local_epoch,
-            global_epoch=progress.epoch,
-            num_peers=progress.num_peers,
-            num_clients=progress.num_clients,
-            samples_accumulated=progress.samples_accumulated,
-            target_batch_size=progress.target_batch_size,
-            eta_seconds=_eta(progress.eta_next_epoch, now),
-            state_loads_total=optimizer.state_loads_total,
+    *,
+    progress: Optional[SwarmProgress] = None,
+    worker=None,  # worker/stats.py WorkerReport
+    averaging: Optional[AveragingSummary] = None,
+    checkpoint: Optional[CheckpointInfo] = None,
+) -> Snapshot:
+    """The snapshot from what the daemon's parts report (any may be None while starting)."""
+    fields: dict[str, Any] = dict(
+        run_id=identity.run_id,
+        public_name=identity.public_name,
+        task=identity.task,
+        precision=identity.precision,
+        client_mode=identity.client_mode,
+        auxiliary=identity.auxiliary,
+        started_at=identity.started_at,
+        peer_id=identity.peer_id,
+        device=identity.device,
+        visible_maddrs=tuple(identity.visible_maddrs),
+        state=state,
+        phase=worker.phase if worker is not None else state,
+        uptime_seconds=round(time.time() - identity.started_at, 3),
+        target_batch_size=progress.target_batch_size if progress is not None else identity.target_batch_size,
+        checkpoint=checkpoint if checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total) else None,
+        averaging={kind: {outcome: 0 for outcome in OUTCOMES} for kind in KINDS},
+    )
+    if progress is not None:
+        fields.update(
+            {name: getattr(progress, name) for name in ("local_epoch", "global_epoch", "num_peers", "num_clients",
+                                                       "samples_accumulated", "eta_seconds", "state_loads_total")}
         )
-    if stats is not None:
-        snapshot.update(
-            samples_per_second=round(stats.samples_per_second, 3),
-            samples_total=stats.samples_total,
-            steps_total=stats.steps_total,
-            compute_seconds_total=round(stats.compute_seconds_total, 3),
-            optimizer_seconds_total=round(stats.optimizer_seconds_total, 3),
-            loss=stats.loss,
-            loss_history=[[epoch, loss] for epoch, loss in stats.loss_history()],
-            failures_total=stats.failures_total,
-            nonfinite_steps_total=stats.nonfinite_steps_total,
-            restores_total=stats.restores_total,
-            last_error=stats.last_error,
+    if worker is not None:
+        fields.update(
+            samples_per_second=round(worker.samples_per_second, 3),
+            samples_total=worker.samples_total,
+            steps_total=worker.steps_total,
+            compute_seconds_total=round(worker.compute_seconds_total, 3),
+            optimizer_seconds_total=round(worker.optimizer_seconds_total, 3),
+            loss=worker.loss,
+            loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
+            step_metrics=dict(worker.step_metrics),
+            failures_total=worker.failures_total,
+            nonfinite_steps_total=worker.nonfinite_steps_total,
+            restores_total=worker.restores_total,
+            last_error=worker.last_error,
+            evaluation=Evaluation(*worker.evaluation) if worker.evaluation else None,
         )
-        if stats.last_eval:
-            snapshot["evaluation"] = {"epoch": stats.last_eval_epoch, "metrics": dict(stats.last_eval)}
-        if stats.checkpoint_epoch is not None or stats.checkpoint_failures_total:
-            snapshot["checkpoint"] = {
-                "epoch": stats.checkpoint_epoch,
-                "path": stats.checkpoint_path,
-                "time": stats.checkpoint_time,
-                "failures_total": stats.checkpoint_failures_total,
-            }
-    if averaging_log is not None:
-        last = averaging_log.last()
-        snapshot["last_averaging"] = last.to_dict() if last is not None else None
-        counts: dict[str, dict[str, int]] = {}
-        for (kind, outcome), count in averaging_log.counts().items():
-            counts.setdefault(kind, {})[outcome] = count
-        snapshot["averaging"] = counts
-        snapshot["recent_averaging"] = [item.to_dict() for item in averaging_log.recent(10)]
-    return snapshot
+    if averaging is not None:
+        for (kind, outcome), count in averaging.counts.items():
+            fields["averaging"].setdefault(kind, {})[outcome] = count
+        fields.update(
+            last_averaging=averaging.last,
+            last_averaging_by_kind=dict(averaging.last_by_kind),
+            recent_averaging=tuple(averaging.recent),
+        )
+    return Snapshot(**fields)
 
 
 def _eta(eta_next_epoch: float, now: float) -> Optional[float]:
     if eta_next_epoch is None or eta_next_epoch == float("inf") or eta_next_epoch != eta_next_epoch:
         return None
     return round(max(0.0, eta_next_epoch - now), 3)
+
+
+def progress_line(s: Snapshot, *, with_phase: bool = False) -> str:
+    """The one-line summary: the log's progress line, and (with the phase first) systemd's STATUS line.
+
+    "training: epoch 12 (swarm at 13), 2 peers, 245.4 samples/s, loss 1.235, last round: gradients success with 2"
+    """
+    parts = []
+    if s.local_epoch is not None:
+        behind = s.global_epoch is not None and s.global_epoch != s.local_epoch
+        parts.append(f"epoch {s.local_epoch}" + (f" (swarm at {s.global_epoch})" if behind else ""))
+    if s.num_peers is not None:
+        parts.append(f"{s.num_peers} peer" + ("" if s.num_peers == 1 else "s"))
+    parts.append(f"{s.samples_per_second or 0.0:.1f} samples/s")
+    if s.loss is not None:
+        parts.append(f"loss {s.loss:.4g}")
+    if s.last_averaging is not None:
+        last = s.last_averaging
+        parts.append(f"last round: {last.kind} {last.outcome} with {last.group_size}")
+    line = ", ".join(parts)
+    return f"{s.phase or s.state}: {line}" if with_phase else line

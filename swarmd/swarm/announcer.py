@@ -1,4 +1,4 @@
-"""The peer-record announcer: a DaemonExtension that publishes this peer's signed record and reads the swarm's.
+"""The peer-record announcer: an extension that publishes this peer's signed record and reads the swarm's.
 
 One background task on the event loop: every `interval` seconds it stores this peer's record (see
 swarm/peer_records.py) and fetches everyone's; the snapshot's `peers` list is the last fetch. DHT calls go
@@ -15,15 +15,16 @@ import logging
 import time
 from typing import Any, Optional
 
-from swarmd.daemon.extensions import DaemonExtension
+from swarmd.daemon.extension import DaemonView, Extension
 
 __all__ = ["PeerAnnouncer"]
 
 logger = logging.getLogger("swarmd.peers")
 
 
-class PeerAnnouncer(DaemonExtension):
-    def __init__(self, *, interval: float = 5.0, expiration: float = 30.0, dht_timeout: float = 10.0):
+class PeerAnnouncer(Extension):
+    def __init__(self, run_id: str, *, interval: float = 5.0, expiration: float = 30.0, dht_timeout: float = 10.0):
+        self.run_id = run_id
         self.interval = interval
         self.expiration = expiration
         self.dht_timeout = dht_timeout
@@ -36,43 +37,43 @@ class PeerAnnouncer(DaemonExtension):
         self._goodbye = None
         self._failures_in_a_row = 0
 
-    def record_validators(self, daemon) -> list[Any]:
+    def record_validators(self, view: DaemonView) -> list[Any]:
         try:
             from swarmd.swarm.peer_records import PeerRecords
 
-            self.records = PeerRecords(daemon.config.run_id, expiration=self.expiration)
+            self.records = PeerRecords(self.run_id, expiration=self.expiration)
         except Exception:  # noqa: BLE001 - an observer must not stop training
             logger.exception("Peer records are off: their validators could not be built")
             return []
         return list(self.records.validators)
 
-    def ready(self, daemon) -> None:
-        if self.records is not None and daemon.dht is not None:
-            self._task = asyncio.get_running_loop().create_task(self._announce_forever(daemon), name="peer-announcer")
+    def ready(self, view: DaemonView) -> None:
+        if self.records is not None and view.dht is not None:
+            self._task = asyncio.get_running_loop().create_task(self._announce_forever(view), name="peer-announcer")
 
-    def snapshot_fields(self, daemon) -> dict[str, Any]:
+    def snapshot_fields(self) -> dict[str, Any]:
         age = time.time() - self.fetched_at if self.fetched_at is not None else 0.0
-        peers = [{**peer, "last_seen_seconds": round(peer["last_seen_seconds"] + age, 3)} for peer in self.peers]
+        peers = tuple({**peer, "last_seen_seconds": round(peer["last_seen_seconds"] + age, 3)} for peer in self.peers)
         return {"peers": peers, "peer_records_rejected_total": self.rejected_total}
 
-    def stopping(self, daemon) -> None:
+    def stopping(self, view: DaemonView) -> None:
         self._cancel()
-        if self.records is not None and daemon.dht is not None and self.published_total:
+        if self.records is not None and view.dht is not None and self.published_total:
             try:
                 # goodbye; the DHT stops later in the shutdown, and the store is already on its way by then
-                self._goodbye = self.records.publish(daemon.dht, None)
+                self._goodbye = self.records.publish(view.dht, None)
             except Exception as e:  # noqa: BLE001 - best effort
                 logger.debug("could not withdraw this peer's record: %r", e)
 
-    async def close(self, daemon) -> None:
+    async def close(self) -> None:
         self._cancel()
 
     # --- the loop ------------------------------------------------------------------------------------------
 
-    async def _announce_forever(self, daemon) -> None:
+    async def _announce_forever(self, view: DaemonView) -> None:
         while True:
             try:
-                await self._announce_once(daemon)
+                await self._announce_once(view)
                 self._failures_in_a_row = 0
             except asyncio.CancelledError:
                 raise
@@ -82,15 +83,15 @@ class PeerAnnouncer(DaemonExtension):
                 logger.log(level, "Peer records: %s (failure %d in a row; retrying)", _describe(e), self._failures_in_a_row)
             await asyncio.sleep(self.interval)
 
-    async def _announce_once(self, daemon) -> None:
+    async def _announce_once(self, view: DaemonView) -> None:
         from swarmd.swarm.peer_records import record_from_snapshot
 
-        record = record_from_snapshot(daemon.snapshot())
-        stored = await asyncio.wait_for(self.records.publish(daemon.dht, record), self.dht_timeout)
+        record = record_from_snapshot(view.snapshot())
+        stored = await asyncio.wait_for(self.records.publish(view.dht, record), self.dht_timeout)
         self.published_total += 1
         if not stored:
             logger.debug("no DHT node accepted this peer's record this time")
-        found = await asyncio.wait_for(self.records.fetch(daemon.dht), self.dht_timeout)
+        found = await asyncio.wait_for(self.records.fetch(view.dht), self.dht_timeout)
         peers, rejected = self.records.parse(found)
         if rejected:
             logger.debug("ignored %d malformed peer record(s)", rejected)

@@ -1,7 +1,7 @@
 """A record of averaging rounds: what the status, the metrics and the peer record report about them.
 
-Written from hivemind's threads (the optimizer step, the background state averager), read from the event
-loop; everything goes through one lock. No torch or hivemind import here.
+Written from hivemind's threads (the optimizer step, the background state averager), read by the daemon's tick
+on the event loop; everything goes through one lock. No torch or hivemind import here.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["AveragingRound", "AveragingLog", "KINDS", "OUTCOMES"]
+from swarmd.swarm.outcomes import KINDS, OUTCOMES
 
-KINDS = ("gradients", "state")
-OUTCOMES = ("success", "failed", "skipped", "rejected")  # rejected: averaged fine, result implausible
+__all__ = ["AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES"]
 
 
 @dataclass(frozen=True)
 class AveragingRound:
-    kind: str  # gradients | state
-    outcome: str  # success | failed | skipped | rejected
+    kind: str  # see swarm/outcomes.py
+    outcome: str
     group_size: int  # peers in the group, this one included (1 when skipped or failed)
     duration_seconds: float
     epoch: int
@@ -32,25 +31,30 @@ class AveragingRound:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class AveragingSummary:
+    """A consistent copy of the log, taken under its lock."""
+
+    counts: dict  # {(kind, outcome): rounds}, every pair present
+    last: Optional[AveragingRound]
+    last_by_kind: dict  # {kind: AveragingRound}
+    recent: tuple  # the newest rounds, oldest first
+
+
 @dataclass
 class AveragingLog:
     history: int = 50
     _rounds: deque = field(init=False)
     _counts: dict = field(init=False)
     _last_by_kind: dict = field(init=False)  # survives the history window
-    _listeners: list = field(init=False)  # callables(AveragingRound), e.g. the metrics histogram
+    _unread: list = field(init=False)  # rounds recorded since the last take_new(), for the daemon's event channel
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
         self._rounds = deque(maxlen=self.history)
         self._counts = {(kind, outcome): 0 for kind in KINDS for outcome in OUTCOMES}
         self._last_by_kind = {}
-        self._listeners = []
-
-    def add_listener(self, callback) -> None:
-        """Call `callback(round)` for every round recorded from now on (from the recording thread)."""
-        with self._lock:
-            self._listeners.append(callback)
+        self._unread = []
 
     def record(
         self, kind: str, outcome: str, *, group_size: int, duration: float, epoch: int, error: str = ""
@@ -62,21 +66,29 @@ class AveragingLog:
             self._rounds.append(item)
             self._counts[kind, outcome] += 1
             self._last_by_kind[kind] = item
-            listeners = list(self._listeners)
-        for callback in listeners:
-            callback(item)
+            self._unread.append(item)
+            if len(self._unread) > 10 * self.history:  # nobody reads: keep the newest only
+                del self._unread[: len(self._unread) - self.history]
         return item
 
-    def last(self, kind: Optional[str] = None) -> Optional[AveragingRound]:
+    def take_new(self) -> list[AveragingRound]:
+        """The rounds recorded since the previous call (one reader: the daemon's tick)."""
         with self._lock:
-            if kind is not None:
-                return self._last_by_kind.get(kind)
-            return self._rounds[-1] if self._rounds else None
+            new, self._unread = self._unread, []
+        return new
 
-    def recent(self, limit: int = 10) -> list[AveragingRound]:
+    def summary(self, recent: int = 10) -> AveragingSummary:
         with self._lock:
-            return list(self._rounds)[-limit:]
+            return AveragingSummary(
+                counts=dict(self._counts),
+                last=self._rounds[-1] if self._rounds else None,
+                last_by_kind=dict(self._last_by_kind),
+                recent=tuple(list(self._rounds)[-recent:]),
+            )
+
+    def last(self, kind: Optional[str] = None) -> Optional[AveragingRound]:
+        summary = self.summary(recent=0)
+        return summary.last_by_kind.get(kind) if kind is not None else summary.last
 
     def counts(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self._counts)
+        return self.summary(recent=0).counts

@@ -1,4 +1,5 @@
-"""Start the hivemind DHT for a peer: persistent identity, listen/announce addresses, bounded bootstrap.
+"""Start and stop a hivemind DHT: a peer's (persistent identity, listen/announce addresses, bounded bootstrap) and
+an observer's (`swarmd status --initial-peers`: a light client).
 
 Every way the start can fail that an operator can fix becomes a StartupError with advice (exit code 3).
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from swarmd.errors import ConfigError, StartupError
 
-__all__ = ["IDENTITY_FILE", "start_dht", "join_command"]
+__all__ = ["IDENTITY_FILE", "start_dht", "start_observer_dht", "stop_dht", "join_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,27 +22,19 @@ _DHT_READY_TIMEOUT = 60.0  # p2pd start (15 s fixed in hivemind) + identity chec
 
 
 async def start_dht(network, state_dir: Path, *, record_validators=()):
-    """Start the DHT process (forked from the calling, main, thread) and wait for it without blocking the loop.
+    """A peer's DHT process (forked from the calling, main, thread), awaited without blocking the loop.
 
     Retries the bootstrap `network.bootstrap_attempts` times when the initial peers do not answer.
     """
-    import hivemind
-    from hivemind.utils.multiaddr import Multiaddr
-
     for field, addresses in (
         ("network.initial_peers", network.initial_peers),
         ("network.host_maddrs", network.host_maddrs),
         ("network.announce_maddrs", network.announce_maddrs),
     ):
-        for address in addresses:
-            try:
-                Multiaddr(address)
-            except Exception as e:  # hivemind's parser is stricter than our syntax check
-                raise ConfigError(f"{field}: {address!r} is not a valid multiaddr: {e}") from None
-
+        _check_multiaddrs(field, addresses)
     delay = network.bootstrap_retry_delay
     for attempt in range(1, network.bootstrap_attempts + 1):
-        dht = hivemind.DHT(
+        dht = _launch(
             initial_peers=list(network.initial_peers),
             host_maddrs=list(network.host_maddrs),
             announce_maddrs=list(network.announce_maddrs) or None,
@@ -50,35 +43,82 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
             use_relay=network.use_relay,
             use_auto_relay=network.use_auto_relay,
             record_validators=list(record_validators),
-            start=True,
-            await_ready=False,
         )
-        started = time.monotonic()
         try:
-            await asyncio.to_thread(dht.wait_until_ready, _DHT_READY_TIMEOUT)
-            logger.info("DHT is up in %.1f s (peer id %s)", time.monotonic() - started, dht.peer_id)
+            await asyncio.to_thread(_wait_until_ready, dht, network.initial_peers, network.host_maddrs)
             return dht
-        except BaseException as e:
-            _stop_quietly(dht)
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            error = _explain(e, network)
-            retry = _is_unreachable(e) and attempt < network.bootstrap_attempts
-            if not retry:
-                raise error from None
-            logger.warning("%s (attempt %d/%d); retrying in %.0f s", error, attempt, network.bootstrap_attempts, delay)
+        except asyncio.CancelledError:
+            stop_dht(dht, timeout=5)
+            raise
+        except _NotReady as e:
+            if not (e.unreachable and attempt < network.bootstrap_attempts):
+                raise e.error from None
+            logger.warning("%s (attempt %d/%d); retrying in %.0f s", e.error, attempt, network.bootstrap_attempts, delay)
             await asyncio.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _stop_quietly(dht) -> None:
+def start_observer_dht(initial_peers: list[str], *, record_validators=()):
+    """A light client for reading a run: client mode (accepts no connections, stores nothing for others), on
+    loopback; blocks until ready or raises StartupError."""
+    _check_multiaddrs("--initial-peers", initial_peers)
+    dht = _launch(
+        initial_peers=list(initial_peers),
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        client_mode=True,
+        record_validators=list(record_validators),
+    )
+    try:
+        _wait_until_ready(dht, initial_peers, [])
+    except _NotReady as e:
+        raise e.error from None
+    return dht
+
+
+def stop_dht(dht, timeout: float = 10.0) -> None:
+    """Stop a DHT process (and its p2pd); quiet, for use on the way out."""
     try:
         if dht.is_alive():
             dht.shutdown()
-        dht.join(timeout=5)
-    except Exception:  # noqa: BLE001 - best effort on a process that failed to start
+        dht.join(timeout=timeout)
+    except Exception:  # noqa: BLE001 - best effort on a process that may have failed to start
         pass
+
+
+def _launch(**kwargs):
+    import hivemind
+
+    return hivemind.DHT(start=True, await_ready=False, **kwargs)
+
+
+def _check_multiaddrs(field: str, addresses) -> None:
+    from hivemind.utils.multiaddr import Multiaddr
+
+    for address in addresses:
+        try:
+            Multiaddr(address)
+        except Exception as e:  # hivemind's parser is stricter than our syntax check
+            raise ConfigError(f"{field}: {address!r} is not a valid multiaddr: {e}") from None
+
+
+class _NotReady(Exception):
+    def __init__(self, error: StartupError, unreachable: bool):
+        super().__init__(str(error))
+        self.error, self.unreachable = error, unreachable
+
+
+def _wait_until_ready(dht, initial_peers, host_maddrs) -> None:
+    """Wait for the DHT; on failure stop it and raise _NotReady with the explained error."""
+    started = time.monotonic()
+    try:
+        dht.wait_until_ready(_DHT_READY_TIMEOUT)
+    except BaseException as e:
+        stop_dht(dht, timeout=5)
+        if not isinstance(e, Exception):
+            raise
+        raise _NotReady(_explain(e, initial_peers, host_maddrs), _is_unreachable(e)) from None
+    logger.info("DHT is up in %.1f s (peer id %s)", time.monotonic() - started, dht.peer_id)
 
 
 def _is_unreachable(error: BaseException) -> bool:
@@ -86,18 +126,18 @@ def _is_unreachable(error: BaseException) -> bool:
     return "failed to connect to bootstrap peers" in text or "bootstrap failed" in text.lower()
 
 
-def _explain(error: BaseException, network) -> StartupError:
+def _explain(error: BaseException, initial_peers, host_maddrs) -> StartupError:
     text = str(error)
     if _is_unreachable(error):
-        peers = ", ".join(network.initial_peers)
         return StartupError(
-            f"none of the initial peers answered ({peers}): check that the address is the one the peer printed "
-            "and is reachable from here (a public or LAN address, not 127.0.0.1 of another machine), that its port "
-            "is open in the firewall, and that it is still running; behind NAT add --client-mode"
+            f"none of the initial peers answered ({', '.join(initial_peers)}): check that the address is the one the "
+            "peer printed (its `To join:` line) and is reachable from here (a public or LAN address, not 127.0.0.1 "
+            "of another machine), that its port is open in the firewall, and that it is still running; behind NAT "
+            "add --client-mode"
         )
     if "address already in use" in text:
         return StartupError(
-            f"cannot listen on {', '.join(network.host_maddrs)}: the port is already in use (another swarmd?); "
+            f"cannot listen on {', '.join(host_maddrs)}: the port is already in use (another swarmd?); "
             "pick another with --host-maddrs /ip4/0.0.0.0/tcp/PORT, or tcp/0 for any free port"
         )
     if "already taken by another peer" in text:

@@ -16,6 +16,7 @@ The key carries a version: nodes refuse fields they do not know, so changing the
 What is signed is who wrote a record, not what it claims: `peer_id` and `public_name` are the writer's word.
 
 This module imports hivemind (the daemon and `swarmd status --initial-peers` use it; a local `swarmd status` not).
+The swarm's progress as an observer reads it from hivemind's own records is swarm/progress_records.py.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from typing import Any, Dict, Iterable, Optional
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
-from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
 from hivemind.utils import get_dht_time
 from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, confloat, conint, constr
 
 from swarmd import __version__
+from swarmd.swarm.outcomes import FAILED_OUTCOMES
 
 __all__ = [
     "RECORD_FIELD",
@@ -40,9 +41,8 @@ __all__ = [
     "PeerRecords",
     "record_from_snapshot",
     "parse_records",
-    "swarm_progress",
+    "entries",
     "common_target_batch_size",
-    "progress_validators",
 ]
 
 RECORD_FIELD = "swarmd_peers_v1"
@@ -76,11 +76,6 @@ class PeerRecord(BaseModel):
 
 class PeerRecordsSchema(BaseModel):
     swarmd_peers_v1: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
-
-
-def progress_validators(run_id: str, signature: RSASignatureValidator) -> list:
-    """What a reader of hivemind's own progress records (`{run_id}_progress`) must register."""
-    return [SchemaValidator(TrainingProgressSchema, prefix=run_id), signature]
 
 
 class PeerRecords:
@@ -117,27 +112,28 @@ class PeerRecords:
         return parse_records(found, own_subkey=self.owner, now=now)
 
 
-def record_from_snapshot(snapshot: dict[str, Any], now: Optional[float] = None) -> dict[str, Any]:
-    """This peer's record, from its status snapshot (every field present, with the exact types the schema wants)."""
-    counts = snapshot.get("averaging") or {}
-    loss = snapshot.get("loss")
+def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any]:
+    """This peer's record, from its status snapshot (status/snapshot.py Snapshot): every field present, with the
+    exact types the schema wants. `averaging_failed` counts every round whose average was not used although one
+    was due (swarm/outcomes.py FAILED_OUTCOMES: failed, rejected, ...); skipped rounds (alone) count in neither."""
+    s = snapshot
     record = {
-        "peer_id": str(snapshot["peer_id"]),
-        "public_name": _clip(snapshot.get("public_name") or socket.gethostname() or "peer", 64),
-        "swarmd_version": _clip(snapshot.get("swarmd_version") or __version__, 32),
-        "task": _clip(str(snapshot.get("task") or ""), 64),
-        "device": _clip(str(snapshot.get("device") or ""), 32),
-        "state": _clip(str(snapshot.get("phase") or snapshot.get("state") or ""), 16),
-        "local_epoch": int(snapshot.get("local_epoch") or 0),
-        "samples_per_second": _finite(snapshot.get("samples_per_second"), 0.0),
-        "samples_total": int(snapshot.get("samples_total") or 0),
-        "loss": _finite(loss, None) if loss is not None else None,
-        "averaging_success": int(sum(kind.get("success", 0) for kind in counts.values())),
-        "averaging_failed": int(sum(kind.get("failed", 0) for kind in counts.values())),
-        "uptime_seconds": _finite(snapshot.get("uptime_seconds"), 0.0),
-        "client_mode": bool(snapshot.get("client_mode")),
-        "auxiliary": bool(snapshot.get("auxiliary")),
-        "target_batch_size": max(1, int(snapshot.get("target_batch_size") or 1)),
+        "peer_id": str(s.peer_id),
+        "public_name": _clip(s.public_name or socket.gethostname() or "peer", 64),
+        "swarmd_version": _clip(s.swarmd_version or __version__, 32),
+        "task": _clip(str(s.task or ""), 64),
+        "device": _clip(str(s.device or ""), 32),
+        "state": _clip(str(s.phase or s.state or ""), 16),
+        "local_epoch": int(s.local_epoch or 0),
+        "samples_per_second": _finite(s.samples_per_second, 0.0),
+        "samples_total": int(s.samples_total or 0),
+        "loss": _finite(s.loss, None) if s.loss is not None else None,
+        "averaging_success": s.averaging_total({"success"}),
+        "averaging_failed": s.averaging_total(FAILED_OUTCOMES),
+        "uptime_seconds": _finite(s.uptime_seconds, 0.0),
+        "client_mode": bool(s.client_mode),
+        "auxiliary": bool(s.auxiliary),
+        "target_batch_size": max(1, int(s.target_batch_size or 1)),
         "time": float(get_dht_time() if now is None else now),
     }
     PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT
@@ -150,9 +146,8 @@ def parse_records(found, *, own_subkey: Optional[bytes] = None, now: Optional[fl
     Never raises on what peers stored: anything that is not a well-formed record is counted and skipped.
     """
     now = get_dht_time() if now is None else now
-    entries = _entries(found)
     peers, rejected = [], 0
-    for subkey, value in entries:
+    for subkey, value in entries(found):
         if value is None:
             continue  # a goodbye
         try:
@@ -169,50 +164,12 @@ def parse_records(found, *, own_subkey: Optional[bytes] = None, now: Optional[fl
     return peers, rejected
 
 
-def _entries(found) -> list[tuple[Any, Any]]:
+def entries(found) -> list[tuple[Any, Any]]:
+    """(subkey, value) pairs of a `dht.get` result of a dictionary key."""
     value = getattr(found, "value", None)
     if not isinstance(value, dict):
         return []
     return [(subkey, getattr(item, "value", None)) for subkey, item in value.items()]
-
-
-def swarm_progress(found, target_batch_size: Optional[int], now: Optional[float] = None) -> dict[str, Any]:
-    """The swarm's epoch and progress from hivemind's `{run_id}_progress` records, as a peer's tracker computes it.
-
-    For an observer that trains nothing: the global epoch is the highest epoch of a non-client peer, samples are
-    those reported for it plus what each peer's rate adds since it reported.
-    """
-    now = get_dht_time() if now is None else now
-    entries = []
-    for _subkey, value in _entries(found):
-        if value is None:
-            continue
-        try:
-            entries.append(LocalTrainingProgress.parse_obj(value))
-        except (ValidationError, ValueError, TypeError):
-            continue
-    result: dict[str, Any] = {
-        "global_epoch": None,
-        "num_peers": len(entries),
-        "num_clients": sum(entry.client_mode for entry in entries),
-        "samples_accumulated": None,
-        "target_batch_size": target_batch_size,
-        "eta_seconds": None,
-        "samples_per_second": round(sum(entry.samples_per_second for entry in entries), 3),
-    }
-    trainers = [entry for entry in entries if not entry.client_mode] or entries
-    if not trainers:
-        return result
-    epoch = max(entry.epoch for entry in trainers)
-    current = [entry for entry in entries if entry.epoch == epoch]
-    result["global_epoch"] = epoch
-    result["samples_accumulated"] = sum(entry.samples_accumulated for entry in current)
-    if target_batch_size:
-        estimated = sum(e.samples_accumulated + max(0.0, now - e.time) * e.samples_per_second for e in current)
-        rate = sum(entry.samples_per_second for entry in entries)
-        if rate > 0:
-            result["eta_seconds"] = round(max(0.0, target_batch_size - estimated) / rate, 3)
-    return result
 
 
 def common_target_batch_size(peers: Iterable[dict[str, Any]]) -> Optional[int]:

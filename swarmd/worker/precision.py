@@ -37,6 +37,10 @@ class Precision:
     def autocast(self):
         return contextlib.nullcontext()
 
+    def loss_scale(self):
+        """The fp16 loss scale (None without loss scaling)."""
+        return None
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
@@ -64,6 +68,9 @@ class _Fp16PerStep(Precision):
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.float16)
+
+    def loss_scale(self):
+        return self.scaler.get_scale()
 
     def backward(self, loss):
         self.scaler.scale(loss).backward()

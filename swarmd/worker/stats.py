@@ -1,5 +1,7 @@
 """What the training worker measured: written by the worker thread, read by the daemon's tick.
 
+Every write goes through a method that takes the lock, and the tick reads one consistent copy (`report()`).
+
 It also holds the worker's heartbeat, `begin(activity, budget)`: what the worker is doing now, since when, and
 how long that may legitimately take. systemd's watchdog is fed only while the current activity is within its
 allowance (swarmd/daemon/systemd.py), so a hung training step lets the watchdog fire.
@@ -16,7 +18,30 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["WorkerStats"]
+__all__ = ["WorkerStats", "WorkerReport", "Activity"]
+
+# (what the worker is doing, seconds since it began, its budget in seconds or None)
+Activity = tuple[str, float, Optional[float]]
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """A consistent copy of the stats at one moment."""
+
+    phase: str
+    steps_total: int
+    samples_total: int
+    samples_per_second: float
+    loss: Optional[float]
+    loss_history: tuple  # ((epoch, mean loss), ...)
+    compute_seconds_total: float
+    optimizer_seconds_total: float
+    failures_total: int
+    nonfinite_steps_total: int
+    restores_total: int
+    last_error: str
+    evaluation: Optional[tuple]  # (epoch, {metric: value}) of the last evaluation
+    step_metrics: dict  # the task's extras of the last step (e.g. train accuracy)
 
 
 @dataclass
@@ -25,27 +50,23 @@ class WorkerStats:
     steps_total: int = 0
     samples_total: int = 0
     loss: Optional[float] = None  # mean over the last few steps
-    last_step_seconds: Optional[float] = None
     compute_seconds_total: float = 0.0  # forward + backward
     optimizer_seconds_total: float = 0.0  # inside hivemind.Optimizer.step: accumulation, averaging waits, updates
     failures_total: int = 0  # training steps that raised
     nonfinite_steps_total: int = 0  # steps whose loss or gradients were NaN/Inf (not contributed)
     restores_total: int = 0  # times the parameters were restored from the in-memory backup
     last_error: str = ""
-    last_eval: dict = field(default_factory=dict)
-    last_eval_epoch: Optional[int] = None
-    checkpoint_epoch: Optional[int] = None
-    checkpoint_path: str = ""
-    checkpoint_time: Optional[float] = None
-    checkpoint_failures_total: int = 0
-    extra_metrics: dict = field(default_factory=dict)  # the task's per-step extras (e.g. train accuracy)
+    evaluation: Optional[tuple] = None  # (epoch, results)
+    step_metrics: dict = field(default_factory=dict)
     _window: deque = field(default_factory=lambda: deque(maxlen=50))  # (end time, samples, seconds, loss)
     _epoch_losses: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, mean loss)
     _losses_this_epoch: list = field(default_factory=list)
-    _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the collector
+    _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the daemon's tick
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # (activity, monotonic time it began, budget in seconds or None): one tuple, so one atomic assignment
     _activity: tuple = field(default_factory=lambda: ("starting", time.monotonic(), None))
+
+    # --- the heartbeat -------------------------------------------------------------------------------------
 
     def begin(self, activity: str, budget: Optional[float] = None) -> None:
         """The worker starts `activity` (which is also a sign of life).
@@ -56,10 +77,15 @@ class WorkerStats:
         """
         self._activity = (activity, time.monotonic(), budget)
 
-    def activity(self) -> tuple[str, float, Optional[float]]:
-        """(what the worker is doing, seconds since it began, its budget or None)."""
+    def activity(self) -> Activity:
         name, since, budget = self._activity
         return name, time.monotonic() - since, budget
+
+    # --- writes (the worker thread) ------------------------------------------------------------------------
+
+    def set_phase(self, phase: str) -> None:
+        with self._lock:
+            self.phase = phase
 
     def record_step(
         self, *, samples: int, seconds: float, loss: float, optimizer_seconds: float = 0.0, metrics: Optional[dict] = None
@@ -67,7 +93,6 @@ class WorkerStats:
         with self._lock:
             self.steps_total += 1
             self.samples_total += samples
-            self.last_step_seconds = seconds
             self.optimizer_seconds_total += optimizer_seconds
             self.compute_seconds_total += seconds - optimizer_seconds
             self._window.append((time.monotonic(), samples, seconds, loss))
@@ -78,7 +103,7 @@ class WorkerStats:
             if len(self._step_seconds) > 10_000:
                 del self._step_seconds[:5_000]
             if metrics:
-                self.extra_metrics = dict(metrics)
+                self.step_metrics = dict(metrics)
 
     def end_epoch(self, epoch: int) -> None:
         """Close the loss bucket of the epoch that just ended (the loss trend in `swarmd status`)."""
@@ -88,21 +113,60 @@ class WorkerStats:
                 self._epoch_losses.append((epoch, sum(finite) / len(finite)))
             self._losses_this_epoch = []
 
-    @property
-    def samples_per_second(self) -> float:
-        """Samples over wall time across the recent steps (averaging waits included)."""
+    def record_failure(self, error: BaseException) -> None:
+        """A training step raised."""
         with self._lock:
-            window = list(self._window)
-        if len(window) < 2:
-            return 0.0
-        elapsed = window[-1][0] - window[0][0] + window[0][2]
-        return sum(entry[1] for entry in window) / elapsed if elapsed > 0 else 0.0
+            self.failures_total += 1
+            self.last_error = repr(error)
 
-    def loss_history(self) -> list[tuple[int, float]]:
+    def record_fatal(self, error: BaseException) -> None:
+        """The worker gave up."""
         with self._lock:
-            return list(self._epoch_losses)
+            self.phase = "failed"
+            self.last_error = repr(error)
+
+    def record_nonfinite_step(self) -> None:
+        with self._lock:
+            self.nonfinite_steps_total += 1
+
+    def record_restore(self) -> None:
+        with self._lock:
+            self.restores_total += 1
+
+    def record_evaluation(self, epoch: int, results: dict) -> None:
+        with self._lock:
+            self.evaluation = (epoch, dict(results))
+
+    # --- reads (the daemon's tick) -------------------------------------------------------------------------
+
+    def report(self) -> WorkerReport:
+        with self._lock:
+            return WorkerReport(
+                phase=self.phase,
+                steps_total=self.steps_total,
+                samples_total=self.samples_total,
+                samples_per_second=_rate(self._window),
+                loss=self.loss,
+                loss_history=tuple(self._epoch_losses),
+                compute_seconds_total=self.compute_seconds_total,
+                optimizer_seconds_total=self.optimizer_seconds_total,
+                failures_total=self.failures_total,
+                nonfinite_steps_total=self.nonfinite_steps_total,
+                restores_total=self.restores_total,
+                last_error=self.last_error,
+                evaluation=self.evaluation,
+                step_metrics=dict(self.step_metrics),
+            )
 
     def drain_step_seconds(self) -> list[float]:
         with self._lock:
             drained, self._step_seconds = self._step_seconds, []
         return drained
+
+
+def _rate(window) -> float:
+    """Samples over wall time across the recent steps (averaging waits included)."""
+    if len(window) < 2:
+        return 0.0
+    elapsed = window[-1][0] - window[0][0] + window[0][2]
+    return sum(entry[1] for entry in window) / elapsed if elapsed > 0 else 0.0

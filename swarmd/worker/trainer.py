@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,7 +27,7 @@ from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
 from swarmd.worker.threads import use_threads_in_this_thread
 
-__all__ = ["TrainingWorker", "resolve_device", "move_to_device"]
+__all__ = ["TrainingWorker", "WorkerSettings", "resolve_device", "move_to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,40 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """The part of the config the worker uses, and the waits it may legitimately make (the watchdog's budgets)."""
+
+    auxiliary: bool = False
+    precision: str = "fp32"
+    reuse_grad_buffers: bool = False
+    max_consecutive_failures: int = 5
+    max_epochs: int = 0  # 0: run until stopped
+    checkpoint_every_epochs: int = 10
+    guard_parameter_change: float = 0.0
+    download_budget: float = 0.0  # seconds a state download may take
+    step_budget: float = 0.0  # seconds one optimizer.step() may take
+
+    @classmethod
+    def from_config(cls, config) -> "WorkerSettings":
+        # A state download is load_state_attempts tries of load_state_timeout, after waiting for a delayed update;
+        # optimizer.step() may wait for the previous delayed update, average gradients (matchmaking +
+        # averaging_timeout) and average state in the foreground, and may download state when out of sync.
+        swarm = config.swarm
+        download = swarm.load_state_attempts * swarm.load_state_timeout + swarm.averaging_timeout
+        return cls(
+            auxiliary=swarm.auxiliary,
+            precision=config.training.precision,
+            reuse_grad_buffers=swarm.reuse_grad_buffers,
+            max_consecutive_failures=config.training.max_consecutive_failures,
+            max_epochs=config.training.max_epochs,
+            checkpoint_every_epochs=config.checkpoint.every_epochs,
+            guard_parameter_change=swarm.guard_parameter_change,
+            download_budget=download,
+            step_budget=swarm.matchmaking_time + 3 * swarm.averaging_timeout + download,
+        )
+
+
 class TrainingWorker:
     def __init__(
         self,
@@ -65,25 +100,28 @@ class TrainingWorker:
         task,
         model: torch.nn.Module,
         optimizer,
-        config,
+        settings: WorkerSettings,
         stats: WorkerStats,
+        averaging_log,
+        device: torch.device,
         data_seed: int,
         save_checkpoint: Optional[Callable[[], None]] = None,
         threads: int = 0,
     ):
-        self.task, self.model, self.optimizer, self.config = task, model, optimizer, config
+        self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
         self.stats = stats
+        self.averaging_log = averaging_log  # for parameters rejected after a global step
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
-        self.device = task.context.device
-        self.auxiliary = config.swarm.auxiliary
-        self.reuse_grad_buffers = config.swarm.reuse_grad_buffers
+        self.device = device
+        self.auxiliary = settings.auxiliary
+        self.reuse_grad_buffers = settings.reuse_grad_buffers
         self.precision = (
             None
             if self.auxiliary
             else make_precision(
-                config.training.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
+                settings.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
             )
         )
         self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
@@ -95,13 +133,7 @@ class TrainingWorker:
         self._backup: Optional[list[torch.Tensor]] = None
         self._backup_epoch: Optional[int] = None
         self._backup_state_loads = 0
-        # How long hivemind may legitimately keep this thread waiting (the watchdog's allowance, stats.begin):
-        # a state download is load_state_attempts tries of load_state_timeout, after waiting for a delayed
-        # update; optimizer.step() may wait for the previous delayed update, average gradients (matchmaking +
-        # averaging_timeout) and average state in the foreground, and may download state when out of sync.
-        swarm = config.swarm
-        self._download_budget = swarm.load_state_attempts * swarm.load_state_timeout + swarm.averaging_timeout
-        self._step_budget = swarm.matchmaking_time + 3 * swarm.averaging_timeout + self._download_budget
+        self._last_seen_epoch: Optional[int] = None  # auxiliary peers: the epoch seen after the previous step
 
     # --- control (called from the daemon) -------------------------------------------------------------------
 
@@ -130,16 +162,15 @@ class TrainingWorker:
                 self._assist()
             else:
                 self._train()
-            self.stats.phase = "stopped"
+            self.stats.set_phase("stopped")
         except BaseException as e:  # noqa: BLE001 - reported to the daemon, which exits 1
             logger.exception("The training worker failed: %s", e)
             self.failure = e
-            self.stats.phase = "failed"
-            self.stats.last_error = repr(e)
+            self.stats.record_fatal(e)
 
     def _catch_up_with_swarm(self) -> None:
         """Before training: see the swarm's progress and, if it is ahead, download its state (bounded)."""
-        self.stats.phase = "joining"
+        self.stats.set_phase("joining")
         tracker = self.optimizer.tracker
         self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
         tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
@@ -150,7 +181,7 @@ class TrainingWorker:
                 self.optimizer.local_epoch,
             )
             try:
-                self.stats.begin("downloading the swarm's state", self._download_budget)
+                self.stats.begin("downloading the swarm's state", self.settings.download_budget)
                 self.optimizer.load_state_from_peers()
                 logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
             except StateLoadFailed as e:
@@ -159,19 +190,19 @@ class TrainingWorker:
 
     def _assist(self) -> None:
         """Auxiliary peers only help average; hivemind wants step() called regularly."""
-        self.stats.phase = "assisting"
+        self.stats.set_phase("assisting")
         while not self._stop.is_set():
-            self.stats.begin("averaging", self._step_budget)
+            self.stats.begin("averaging", self.settings.step_budget)
             self.optimizer.step()
             self._after_step_epoch_check()
             self._stop.wait(0.2)
 
     def _train(self) -> None:
-        self.stats.phase = "training"
+        self.stats.set_phase("training")
         self.model.train()
         self.task.set_epoch(self.optimizer.local_epoch)
         batches = iter(self.task.train_batches(self.data_seed))
-        consecutive_failures = 0
+        consecutive_failures = failures_since_start = 0
         while not self._stop.is_set():
             try:
                 self.stats.begin("computing")  # the next batch, forward, backward
@@ -185,9 +216,9 @@ class TrainingWorker:
                 self._stop.wait(5.0)
             except Exception as e:  # noqa: BLE001 - a failing step is survivable up to a bound
                 consecutive_failures += 1
-                self.stats.failures_total += 1
-                self.stats.last_error = repr(e)
-                limit = self.config.training.max_consecutive_failures
+                failures_since_start += 1
+                self.stats.record_failure(e)
+                limit = self.settings.max_consecutive_failures
                 if consecutive_failures >= limit:
                     raise RuntimeError(f"{limit} training steps failed in a row; last error: {e!r}") from e
                 delay = min(_BACKOFF_CAP_SECONDS, 2.0 ** (consecutive_failures - 1))
@@ -197,12 +228,12 @@ class TrainingWorker:
                     limit,
                     delay,
                 )
-                self.stats.phase = "restarting"
+                self.stats.set_phase("restarting")
                 self.stats.begin("backing off after a failed step", delay)
                 self._stop.wait(delay)
                 self._restore_backup()
-                batches = iter(self.task.train_batches(self.data_seed + self.stats.failures_total))
-                self.stats.phase = "training"
+                batches = iter(self.task.train_batches(self.data_seed + failures_since_start))
+                self.stats.set_phase("training")
             if self.reached_max_epochs:
                 break
 
@@ -216,17 +247,17 @@ class TrainingWorker:
 
         loss_value = float(loss.detach().float().item())
         epoch_before = self.optimizer.local_epoch
-        self.stats.begin("optimizer step", self._step_budget)
+        self.stats.begin("optimizer step", self.settings.step_budget)
         optimizer_started = time.perf_counter()
         if not math.isfinite(loss_value) or not self.precision.step(self.optimizer, output.batch_size):
             if math.isfinite(loss_value) and self.precision.loss_scaling:
                 # an fp16 overflow: the scaler lowered its scale and dropped the step (normal while it calibrates)
-                logger.debug("fp16 overflow: step skipped, loss scale now %s", self.precision.scaler.get_scale())
+                logger.debug("fp16 overflow: step skipped, loss scale now %s", self.precision.loss_scale())
                 if not self.reuse_grad_buffers:
                     self._zero_grad()
                 return
             # A NaN/Inf contribution would poison the swarm's average: drop it.
-            self.stats.nonfinite_steps_total += 1
+            self.stats.record_nonfinite_step()
             logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
             self._discard_local_gradients()
             if not self._params_finite():
@@ -249,7 +280,7 @@ class TrainingWorker:
 
     def _after_step_epoch_check(self) -> None:
         epoch = self.optimizer.local_epoch
-        if getattr(self, "_last_seen_epoch", epoch) != epoch:
+        if self._last_seen_epoch is not None and self._last_seen_epoch != epoch:
             self._on_new_epoch(self._last_seen_epoch)
         self._last_seen_epoch = epoch
 
@@ -260,7 +291,7 @@ class TrainingWorker:
         suspicious = self._suspicious_parameters()
         if suspicious:
             logger.error("After the step to epoch %d %s: restoring the last good state", epoch, suspicious)
-            self.optimizer.averaging_log.record("state", "rejected", group_size=1, duration=0.0, epoch=epoch, error=suspicious)
+            self.averaging_log.record("state", "rejected", group_size=1, duration=0.0, epoch=epoch, error=suspicious)
             self._restore_backup()
             return
         self._take_backup()
@@ -269,10 +300,10 @@ class TrainingWorker:
         every = self.task.eval_every_epochs
         if every and epoch % every == 0 and not self.auxiliary:
             self._evaluate(epoch)
-        if self.save_checkpoint is not None and epoch % self.config.checkpoint.every_epochs == 0:
+        if self.save_checkpoint is not None and epoch % self.settings.checkpoint_every_epochs == 0:
             self.stats.begin("saving a checkpoint", _CHECKPOINT_BUDGET_SECONDS)
             self.save_checkpoint()
-        max_epochs = self.config.training.max_epochs
+        max_epochs = self.settings.max_epochs
         if max_epochs and epoch >= max_epochs:
             logger.info("Reached training.max_epochs=%d: stopping", max_epochs)
             self.reached_max_epochs = True
@@ -283,7 +314,7 @@ class TrainingWorker:
         self.stats.begin("evaluating", _EVALUATION_BUDGET_SECONDS)
         results = self.task.evaluate(self.model)
         if results:
-            self.stats.last_eval, self.stats.last_eval_epoch = results, epoch
+            self.stats.record_evaluation(epoch, results)
             shown = ", ".join(f"{k}={v:.4g}" for k, v in results.items())
             logger.info("Evaluation at epoch %d: %s (%.1f s)", epoch, shown, time.perf_counter() - started)
 
@@ -308,7 +339,7 @@ class TrainingWorker:
         """Why the parameters after a global step cannot be trusted, or ""."""
         if not self._params_finite():
             return "the parameters are non-finite"
-        limit = self.config.swarm.guard_parameter_change
+        limit = self.settings.guard_parameter_change
         if not limit or self._backup is None or self.optimizer.state_loads_total != self._backup_state_loads:
             return ""  # a download from peers legitimately replaces everything
         params = [p.detach().to("cpu") for p in self._params]
@@ -346,5 +377,5 @@ class TrainingWorker:
                 for saved, opt_param in zip(self._backup, opt_params):
                     opt_param.copy_(saved)
         self._discard_local_gradients()
-        self.stats.restores_total += 1
+        self.stats.record_restore()
         logger.info("Restored the parameters of epoch %s", self._backup_epoch)

@@ -176,12 +176,12 @@ def test_remote_mode_sees_the_swarm_without_being_counted(swarm):
     with RemoteSwarm([maddr], RUN_ID) as observer:  # stays connected while the peers are watched
         deadline = time.monotonic() + 12  # longer than a progress tracker's refresh
         while time.monotonic() < deadline:
-            assert observer.snapshot()["num_peers"] == 2
+            assert observer.snapshot().num_peers == 2
             for peer in swarm:
                 assert peer.status()["num_peers"] == 2, "the observer was counted as a peer"
             time.sleep(1)
         assert observer.dht.client_mode
-        assert observer.snapshot()["peers"] and set(listed(observer.snapshot())) == ids
+        assert observer.snapshot().peers and set(listed(observer.snapshot().to_dict())) == ids
 
 
 def rogue_validator():

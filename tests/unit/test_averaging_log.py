@@ -3,10 +3,8 @@ import pytest
 from swarmd.swarm.averaging_log import AveragingLog
 
 
-def test_counts_last_and_listeners():
+def test_counts_last_and_new_rounds():
     log = AveragingLog(history=3)
-    heard = []
-    log.add_listener(heard.append)
     log.record("gradients", "success", group_size=2, duration=0.5, epoch=1)
     log.record("state", "failed", group_size=1, duration=1.0, epoch=1, error="TimeoutError()")
     for epoch in range(2, 5):
@@ -16,8 +14,9 @@ def test_counts_last_and_listeners():
     assert log.counts()[("state", "failed")] == 1
     assert log.last().epoch == 4
     assert log.last("state").error == "TimeoutError()"
-    assert len(log.recent(10)) == 3  # bounded history
-    assert [r.epoch for r in heard] == [1, 1, 2, 3, 4]
+    assert len(log.summary(recent=10).recent) == 3  # bounded history
+    assert [r.epoch for r in log.take_new()] == [1, 1, 2, 3, 4]  # every round once, for the event channel
+    assert log.take_new() == []
 
 
 def test_rejects_unknown_kinds():

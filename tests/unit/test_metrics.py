@@ -18,7 +18,7 @@ from swarmd.config import load_config
 from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.metrics.extension import MetricsExtension, split_listen_address
 from swarmd.metrics.netstat import TcpTraffic
-from swarmd.status.snapshot import build_snapshot
+from swarmd.status.snapshot import CheckpointInfo, Identity, build_snapshot, read_swarm_progress
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.worker.stats import WorkerStats
 
@@ -46,22 +46,36 @@ class FakeOptimizer:
 
 
 def make_metrics(traffic=None):
+    """Metrics reading a snapshot rebuilt from fake parts, as the daemon's tick would; `deliver()` is the tick's
+    event channel (new rounds and step durations)."""
     config = load_config(None, flags={"run_id": "metrics-run"})
-    parts = types.SimpleNamespace(optimizer=FakeOptimizer(), stats=WorkerStats(), log=AveragingLog(), state="training")
+    identity = Identity.from_config(config, started_at=time.time() - 10)
+    identity = types.SimpleNamespace(**{**identity.__dict__, "peer_id": "QmPeer", "device": "cpu"})
+    parts = types.SimpleNamespace(
+        optimizer=FakeOptimizer(), stats=WorkerStats(), log=AveragingLog(), state="training", checkpoint=CheckpointInfo()
+    )
 
     def read():
         return build_snapshot(
-            config=config, state=parts.state, started_at=time.time() - 10, peer_id="QmPeer", visible_maddrs=[],
-            device="cpu", optimizer=parts.optimizer, stats=parts.stats, averaging_log=parts.log,
+            identity, parts.state, progress=read_swarm_progress(parts.optimizer), worker=parts.stats.report(),
+            averaging=parts.log.summary(), checkpoint=parts.checkpoint,
         )
 
-    return SwarmdMetrics(read, traffic), parts
+    metrics = SwarmdMetrics(read, traffic)
+
+    def deliver():
+        for item in parts.log.take_new():
+            metrics.observe_round(item)
+        metrics.observe_steps(parts.stats.drain_step_seconds())
+
+    parts.deliver = deliver
+    return metrics, parts
 
 
 def test_scrape_follows_training():
     metrics, parts = make_metrics()
-    parts.log.record("gradients", "success", group_size=2, duration=0.3, epoch=2)  # before watch(): still counted
-    metrics.watch(parts.log)
+    parts.log.record("gradients", "success", group_size=2, duration=0.3, epoch=2)
+    parts.deliver()
     before = samples(generate_latest(metrics.registry).decode())
     [(info, value)] = [(dict(labels), value) for (name, labels), value in before.items() if name == "swarmd_info"]
     assert value == 1 and info["peer_id"] == "QmPeer" and info["run_id"] == "metrics-run" and info["task"] == "swin"
@@ -81,8 +95,8 @@ def test_scrape_follows_training():
     parts.log.record("state", "failed", group_size=1, duration=30.0, epoch=3, error="TimeoutError()")
     parts.log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=4)
     parts.optimizer.local_epoch = parts.optimizer.tracker.global_progress.epoch = 4
-    parts.stats.checkpoint_epoch, parts.stats.checkpoint_time = 4, 1_700_000_000.0
-    metrics.observe_steps(parts.stats)
+    parts.checkpoint = CheckpointInfo(epoch=4, time=1_700_000_000.0)
+    parts.deliver()
     after = samples(generate_latest(metrics.registry).decode())
 
     assert after[("swarmd_global_epoch", ())] == 4 and after[("swarmd_local_epoch", ())] == 4
@@ -91,21 +105,22 @@ def test_scrape_follows_training():
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "success")))] == 2
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "skipped")))] == 1
     assert after[("swarmd_averaging_rounds_total", (("kind", "state"), ("outcome", "failed")))] == 1
-    assert after[("swarmd_averaging_duration_seconds_count", (("kind", "gradients"), ("outcome", "success")))] == 1
+    # every round that ran reaches the histogram through the tick's events (the first one too)
+    assert after[("swarmd_averaging_duration_seconds_count", (("kind", "gradients"), ("outcome", "success")))] == 2
     assert after[("swarmd_averaging_duration_seconds_sum", (("kind", "state"), ("outcome", "failed")))] == 30.0
     assert after[("swarmd_averaging_group_size", (("kind", "gradients"),))] == 1  # the last round was skipped
     assert after[("swarmd_averaging_group_size", (("kind", "state"),))] == 1
     assert after[("swarmd_step_duration_seconds_count", ())] == 3
     assert after[("swarmd_checkpoint_last_success_timestamp_seconds", ())] == 1_700_000_000.0
-    metrics.observe_steps(parts.stats)  # drained: the same steps are not observed twice
+    parts.deliver()  # drained: the same steps are not observed twice
     assert samples(generate_latest(metrics.registry).decode())[("swarmd_step_duration_seconds_count", ())] == 3
 
 
 def test_scrape_passes_promtool():
     metrics, parts = make_metrics(TcpTraffic(lambda: [os.getpid()]))
-    metrics.watch(parts.log)
     parts.stats.record_step(samples=16, seconds=0.02, loss=2.0)
     parts.log.record("state", "success", group_size=2, duration=0.5, epoch=3)
+    parts.deliver()
     result = promtool_check(generate_latest(metrics.registry).decode())
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
@@ -143,11 +158,19 @@ def test_other_processes_traffic_is_not_counted():
     client.close(), server.close(), listener.close()
 
 
-class FakeDaemon:
+class FakeView:
+    """What an extension sees of a daemon that is still starting (daemon/extension.py DaemonView)."""
+
     def __init__(self):
         self.config = load_config(None, flags={"run_id": "endpoint-run"})
-        self.state, self.started_at, self.peer_id, self.visible_maddrs, self.device = "starting", time.time(), None, [], None
-        self.optimizer = self.stats = self.averaging_log = None
+        self.dht = None
+        self._snapshot = build_snapshot(Identity.from_config(self.config, started_at=time.time()), "starting")
+
+    def snapshot(self):
+        return self._snapshot
+
+    def worker_activity(self):
+        return None
 
 
 def test_endpoint_answers_while_starting_and_reports_its_port():
@@ -155,11 +178,11 @@ def test_endpoint_answers_while_starting_and_reports_its_port():
 
 
 async def _endpoint_answers_while_starting_and_reports_its_port():
-    daemon = FakeDaemon()
+    view = FakeView()
     extension = MetricsExtension("127.0.0.1:0")
-    await extension.start(daemon)
+    await extension.start(view)
     try:
-        address = extension.snapshot_fields(daemon)["metrics_address"]
+        address = extension.snapshot_fields()["metrics_address"]
         host, port = split_listen_address(address)
         assert host == "127.0.0.1" and port > 0
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read())
@@ -169,10 +192,10 @@ async def _endpoint_answers_while_starting_and_reports_its_port():
 
         # a second daemon on the same address: metrics off with a warning, nothing raised
         taken = MetricsExtension(address)
-        await taken.start(daemon)
-        assert taken.snapshot_fields(daemon)["metrics_address"] is None and "cannot listen" in taken.error
+        await taken.start(view)
+        assert taken.snapshot_fields()["metrics_address"] is None and "cannot listen" in taken.error
     finally:
-        await extension.close(daemon)
+        await extension.close()
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server does (TIME_WAIT)
         probe.bind(("127.0.0.1", port))  # the listener is gone after close()
@@ -188,10 +211,10 @@ def test_grafana_dashboard_queries_parse_and_use_exported_metrics(tmp_path):
         assert wanted in titles, wanted
 
     metrics, parts = make_metrics(TcpTraffic(lambda: [os.getpid()]))
-    metrics.watch(parts.log)
     parts.stats.record_step(samples=16, seconds=0.02, loss=2.0)
-    parts.stats.checkpoint_epoch, parts.stats.checkpoint_time = 1, time.time()
+    parts.checkpoint = CheckpointInfo(epoch=1, time=time.time())
     parts.log.record("state", "success", group_size=2, duration=0.5, epoch=3)
+    parts.deliver()
     exported = {name for name, _ in samples(generate_latest(metrics.registry).decode())}
     used = {name for expr in exprs for name in re.findall(r"\bswarmd_[a-z_]+\b", expr)} - {"swarmd_state"}
     assert used <= exported, used - exported

@@ -14,19 +14,22 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import ValueWithExpiration
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmd.swarm.peer_records import PeerRecords, parse_records, record_from_snapshot, swarm_progress
+from swarmd.status.snapshot import Snapshot
+from swarmd.swarm.peer_records import PeerRecords, parse_records, record_from_snapshot
+from swarmd.swarm.progress_records import swarm_progress
 
 PEER_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
 
 def snapshot(**changes):
     base = {
-        "peer_id": PEER_ID, "public_name": "alpha", "swarmd_version": "0.1.0", "task": "swin", "device": "cpu",
-        "state": "training", "phase": "training", "local_epoch": 5, "samples_per_second": 80, "samples_total": 1000,
-        "loss": 2.25, "averaging": {"gradients": {"success": 4, "failed": 1, "skipped": 2}, "state": {"success": 3}},
+        "run_id": "unit-run", "peer_id": PEER_ID, "public_name": "alpha", "swarmd_version": "0.1.0", "task": "swin",
+        "device": "cpu", "state": "training", "phase": "training", "local_epoch": 5, "samples_per_second": 80,
+        "samples_total": 1000, "loss": 2.25,
+        "averaging": {"gradients": {"success": 4, "failed": 1, "skipped": 2}, "state": {"success": 3}},
         "uptime_seconds": 61.5, "client_mode": False, "auxiliary": False, "target_batch_size": 256,
     }
-    return {**base, **changes}
+    return Snapshot(**{**base, **changes})
 
 
 class Node:

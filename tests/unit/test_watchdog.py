@@ -11,6 +11,7 @@ import pytest
 from swarmd.config import load_config
 from swarmd.daemon.sdnotify import Notifier, WatchdogSettings
 from swarmd.daemon.systemd import STOP_MARGIN_SECONDS, SystemdNotifier, progress_check, status_line
+from swarmd.status.snapshot import Snapshot
 from swarmd.worker.stats import WorkerStats
 
 from notify_receiver import NotifyReceiver
@@ -39,31 +40,33 @@ def test_stats_heartbeat_ages():
 
 
 def test_status_line():
-    snapshot = {"phase": "training", "local_epoch": 12, "global_epoch": 12, "num_peers": 3, "samples_per_second": 245.31, "loss": 2.3104}
+    snapshot = Snapshot(run_id="r", phase="training", local_epoch=12, global_epoch=12, num_peers=3, samples_per_second=245.31, loss=2.3104)
     assert status_line(snapshot) == "training: epoch 12, 3 peers, 245.3 samples/s, loss 2.31"
-    behind = {"phase": "joining", "state": "training", "local_epoch": 0, "global_epoch": 40, "num_peers": 1, "samples_per_second": 0.0, "loss": None}
+    behind = Snapshot(run_id="r", phase="joining", state="training", local_epoch=0, global_epoch=40, num_peers=1, samples_per_second=0.0, loss=None)
     assert status_line(behind) == "joining: epoch 0 (swarm at 40), 1 peer, 0.0 samples/s"
 
 
 def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, caplog):
     receiver = NotifyReceiver(str(tmp_path / "notify.sock"))
     stats = WorkerStats()
-    daemon = SimpleNamespace(
-        stats=stats,
-        state="training",
-        config=SimpleNamespace(daemon=SimpleNamespace(shutdown_timeout=60.0)),
-        snapshot=lambda: {"phase": stats.phase, "local_epoch": 1, "global_epoch": 1, "num_peers": 1, "samples_per_second": 1.0},
+    view = SimpleNamespace(  # daemon/extension.py DaemonView
+        config=None,
+        dht=None,
+        worker_activity=stats.activity,
+        snapshot=lambda: Snapshot(run_id="r", phase=stats.phase, local_epoch=1, global_epoch=1, num_peers=1, samples_per_second=1.0),
     )
     interval = 0.5
-    extension = SystemdNotifier(Notifier(str(tmp_path / "notify.sock")), WatchdogSettings(timeout=2 * interval))
+    extension = SystemdNotifier(
+        Notifier(str(tmp_path / "notify.sock")), WatchdogSettings(timeout=2 * interval), shutdown_timeout=60.0
+    )
     marks = {}
 
     async def scenario():
-        await extension.start(daemon)
+        await extension.start(view)
         await asyncio.sleep(0.05)  # the start-up continues on the loop: a STATUS line says what it does
-        stats.phase = "training"
+        stats.set_phase("training")
         stats.begin("computing")
-        extension.ready(daemon)
+        extension.ready(view)
         marks["ready"] = time.time()
         while time.time() - marks["ready"] < 2.5:  # steps that keep finishing
             stats.begin("computing")
@@ -73,8 +76,8 @@ def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, 
         stats.begin("downloading the swarm's state", 1.5)  # a legitimate wait, bounded by the config
         marks["waiting"] = time.time()
         await asyncio.sleep(3.5)
-        extension.stopping(daemon)
-        await extension.close(daemon)
+        extension.stopping(view)
+        await extension.close()
 
     with caplog.at_level(logging.INFO, logger="swarmd.systemd"):
         asyncio.run(scenario())
@@ -104,7 +107,7 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
     import torch
 
     from swarmd.tasks.base import StepOutput
-    from swarmd.worker.trainer import TrainingWorker
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
     config = load_config(
         None,
@@ -152,7 +155,10 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
             worker.request_stop()
 
     Optimizer.tracker.fetched_global_progress_this_epoch.set()
-    worker = TrainingWorker(task=Task(), model=model, optimizer=Optimizer(), config=config, stats=stats, data_seed=0)
+    worker = TrainingWorker(
+        task=Task(), model=model, optimizer=Optimizer(), settings=WorkerSettings.from_config(config), stats=stats,
+        averaging_log=None, device=torch.device("cpu"), data_seed=0,
+    )
     worker.start()
     assert worker.join(30) and worker.failure is None, worker.failure
 

@@ -1,0 +1,34 @@
+"""The composition root: which extensions a daemon runs, for a given config and environment.
+
+Extensions depend on the leaf interface (daemon/extension.py), the lifecycle on nothing of theirs; only this
+module names both. Their modules import nothing heavy at import time.
+"""
+
+from __future__ import annotations
+
+from swarmd.daemon.extension import Extension
+
+__all__ = ["build_extensions"]
+
+
+def build_extensions(config) -> list[Extension]:
+    """The extensions this config asks for, in start order."""
+    from swarmd.daemon.systemd import systemd_notifier
+
+    extensions: list[Extension] = []
+    # only when systemd started us (Type=notify sets $NOTIFY_SOCKET)
+    notifier = systemd_notifier(shutdown_timeout=config.daemon.shutdown_timeout)
+    if notifier is not None:
+        extensions.append(notifier)
+    if config.metrics.enabled:
+        from swarmd.metrics.extension import MetricsExtension
+
+        extensions.append(MetricsExtension(config.metrics.listen))
+    from swarmd.swarm.announcer import PeerAnnouncer
+
+    extensions.append(PeerAnnouncer(config.run_id))
+    if config.logging.progress_interval:
+        from swarmd.daemon.progress_log import ProgressLogger
+
+        extensions.append(ProgressLogger(config.logging.progress_interval))
+    return extensions

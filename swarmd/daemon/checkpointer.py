@@ -1,0 +1,84 @@
+"""The daemon's checkpoints: the store in the state dir, what goes into one, and how it comes back.
+
+- at start, `load_into_model` (before the optimizer exists) and `load_into_optimizer` (after) resume a run;
+- `save` captures model, optimizer and epoch consistently (restore.py) and writes them atomically
+  (checkpoint.py); called by the worker thread between steps, or by the daemon after the worker stopped;
+- `info()` is what the status reports about them (under a lock: written by the worker, read by the tick).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from swarmd import __version__
+from swarmd.status.snapshot import CheckpointInfo
+
+__all__ = ["Checkpointer"]
+
+logger = logging.getLogger("swarmd.daemon")
+
+
+class Checkpointer:
+    def __init__(self, state_dir: Path, *, run_id: str, task: str, keep: int):
+        from swarmd.daemon.checkpoint import CheckpointStore
+
+        self.store = CheckpointStore(Path(state_dir) / "checkpoints", keep=keep)
+        self.run_id, self.task = run_id, task
+        self.peer_id: Optional[str] = None  # written into each checkpoint's manifest once known
+        self._info = CheckpointInfo()
+        self._lock = threading.Lock()
+
+    def info(self) -> CheckpointInfo:
+        with self._lock:
+            return self._info
+
+    # --- resuming ------------------------------------------------------------------------------------------
+
+    def load_into_model(self, model):
+        """The newest good checkpoint of this run into `model`; returns it (for the optimizer) or None."""
+        from swarmd.daemon.restore import load_model_state
+
+        self.store.remove_partials()
+        checkpoint = self.store.load_latest()
+        if checkpoint is None:
+            return None
+        if checkpoint.meta.get("run_id") not in (None, self.run_id):
+            logger.warning(
+                "Checkpoint %s belongs to run %r, not %r: ignoring it",
+                checkpoint.path.name, checkpoint.meta.get("run_id"), self.run_id,
+            )
+            return None
+        load_model_state(model, checkpoint)
+        logger.info("Resuming from checkpoint %s (epoch %d)", checkpoint.path.name, checkpoint.epoch)
+        return checkpoint
+
+    @staticmethod
+    def load_into_optimizer(optimizer, checkpoint) -> None:
+        from swarmd.daemon.restore import load_optimizer_state
+
+        load_optimizer_state(optimizer, checkpoint)
+
+    # --- saving --------------------------------------------------------------------------------------------
+
+    def save(self, model, optimizer) -> None:
+        """Capture and write a checkpoint; a failure is logged and counted, the previous checkpoint stays."""
+        from swarmd.daemon.checkpoint import CheckpointError
+        from swarmd.daemon.restore import capture_state
+
+        model_state, optimizer_state, epoch = capture_state(model, optimizer)
+        info = {"run_id": self.run_id, "task": self.task, "peer_id": self.peer_id, "swarmd_version": __version__}
+        try:
+            path = self.store.save(model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info=info)
+        except CheckpointError as e:
+            with self._lock:
+                self._info = CheckpointInfo(
+                    self._info.epoch, self._info.path, self._info.time, self._info.failures_total + 1
+                )
+            logger.error("%s; the previous checkpoint is kept and training goes on", e)
+            return
+        with self._lock:
+            self._info = CheckpointInfo(epoch, str(path), time.time(), self._info.failures_total)

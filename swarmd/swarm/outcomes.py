@@ -1,0 +1,28 @@
+"""The names of averaging rounds: what kinds there are and how each can end.
+
+The one source for every surface that shows rounds (status JSON and view, /metrics, peer records, the progress
+line, README's metrics table). Standard library only: the status view and the metrics read it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KINDS", "OUTCOMES", "OUTCOME_MEANING", "FAILED_OUTCOMES", "outcome_help"]
+
+KINDS = ("gradients", "state")
+
+# outcome -> what it means for this peer's step
+OUTCOME_MEANING = {
+    "success": "averaged with the group; the average was used",
+    "failed": "an error or a timeout; this peer's own values were used",
+    "skipped": "no partners (alone, or no round was scheduled); own values used",
+    "rejected": "averaged, but the result was implausible (non-finite or far too large); own values used",
+}
+OUTCOMES = tuple(OUTCOME_MEANING)
+
+# Outcomes where a round ran (or was due) and its average was not used: what a peer record counts as failed.
+FAILED_OUTCOMES = frozenset({"failed", "rejected"})
+
+
+def outcome_help() -> str:
+    """One sentence listing every outcome, for help texts."""
+    return "; ".join(f"{name}: {meaning}" for name, meaning in OUTCOME_MEANING.items())
