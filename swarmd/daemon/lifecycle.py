@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import dataclasses
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from swarmd.daemon.extension import AveragingRoundFinished, Extension, StepsFinished
+from swarmd.daemon.signals import StopSignals
 from swarmd.daemon.state_dir import StateDirLock
+from swarmd.daemon.view import LiveView
 from swarmd.errors import ExitCode, SwarmdError
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
 
@@ -55,18 +56,17 @@ class Daemon:
         self.runtime: Optional[Runtime] = None
         self.checkpointer = None
         self.status_server = None
-        self.view = _View(self)
+        self.view = LiveView(self)
         self._snapshot: Snapshot = build_snapshot(self.identity, self.state)
         self._lock = StateDirLock(config.state_path)
-        self._stop_requested: Optional[asyncio.Event] = None
-        self._signals_received = 0
+        self._signals: Optional[StopSignals] = None
         self._exit_code = ExitCode.OK
 
     # --- run -----------------------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        self._stop_requested = asyncio.Event()
-        self._install_signal_handlers()
+        self._signals = StopSignals(lambda: self.status_server.path if self.status_server is not None else None)
+        self._signals.install()
         try:
             try:
                 await self._startup()
@@ -85,7 +85,7 @@ class Daemon:
             return int(self._exit_code)
         finally:
             await self._shutdown()
-            self._restore_signal_handlers()
+            self._signals.restore()
 
     # --- startup: each phase returns what the next one needs ----------------------------------------------
 
@@ -104,7 +104,7 @@ class Daemon:
         from swarmd.status.server import SOCKET_NAME, StatusServer
 
         self._lock.acquire()
-        self.status_server = StatusServer(self.config.state_path / SOCKET_NAME, lambda: self._snapshot.to_dict())
+        self.status_server = StatusServer(self.config.state_path / SOCKET_NAME, lambda: self.snapshot.to_dict())
         await self.status_server.start()
         for extension in self.extensions:
             try:
@@ -120,32 +120,18 @@ class Daemon:
 
         from swarmd.logs import route_hivemind_logs
         from swarmd.swarm.children import tie_children_to_this_process
-        from swarmd.tasks.base import TaskContext
-        from swarmd.tasks.registry import resolve_task
-        from swarmd.worker.trainer import resolve_device
 
         route_hivemind_logs(self.config.logging.hivemind_level)
         tie_children_to_this_process()
         self._check_stop()
-        training = self.config.training
-        device = resolve_device(training.device)
-        self.identity = _replace(self.identity, device=str(device))
-        init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
-        task_cls = resolve_task(self.config.task.name)
-        task = task_cls(
-            self.config.task.settings,
-            TaskContext(
-                state_dir=self.config.state_path, device=device, precision=training.precision,
-                batch_size=training.batch_size, seed=init_seed,
-            ),
-        )
-        logger.info("Preparing task %s (%s)", self.config.task.name, task_cls.description)
+        task, device, init_seed = self._make_task()
+        logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
         await asyncio.to_thread(task.prepare)
         self._check_stop()
         torch.manual_seed(init_seed)
         model = await asyncio.to_thread(task.build_model)
         n_params = sum(p.numel() for p in model.parameters())
-        logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, training.precision)
+        logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, task.context.precision)
         checkpoint = None
         if self.config.checkpoint.enabled:
             from swarmd.daemon.checkpointer import Checkpointer
@@ -159,6 +145,21 @@ class Daemon:
         self._check_stop()
         return task, model, device, checkpoint
 
+    def _make_task(self):
+        from swarmd.tasks.base import TaskContext
+        from swarmd.tasks.registry import resolve_task
+        from swarmd.worker.trainer import resolve_device
+
+        training = self.config.training
+        device = resolve_device(training.device)
+        self.identity = dataclasses.replace(self.identity, device=str(device))
+        init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
+        context = TaskContext(
+            state_dir=self.config.state_path, device=device, precision=training.precision,
+            batch_size=training.batch_size, seed=init_seed,
+        )
+        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, init_seed
+
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_command, start_dht
 
@@ -167,7 +168,7 @@ class Daemon:
         dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
         self.dht = dht
         maddrs = tuple(str(addr) for addr in dht.get_visible_maddrs())
-        self.identity = _replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs)
+        self.identity = dataclasses.replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs)
         if self.checkpointer is not None:
             self.checkpointer.peer_id = self.identity.peer_id
         public = [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
@@ -187,7 +188,7 @@ class Daemon:
             dht=self.dht, config=self.config, model=model, task=task, averaging_log=averaging_log
         )
         self.runtime = Runtime(task, model, optimizer, WorkerStats(), averaging_log)  # the shutdown stops it
-        self._install_signal_handlers()
+        self._signals.install()
         if checkpoint is not None:
             self.checkpointer.load_into_optimizer(optimizer, checkpoint)
         swarm = self.config.swarm
@@ -201,7 +202,7 @@ class Daemon:
 
     def _start_worker(self, device):
         from swarmd.worker.threads import reserve_threads_for_worker
-        from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+        from swarmd.worker.trainer import TrainingWorker, WorkerSettings, peer_data_seed
 
         runtime = self.runtime
         save = None
@@ -215,7 +216,7 @@ class Daemon:
             stats=runtime.stats,
             averaging_log=runtime.averaging_log,
             device=device,
-            data_seed=_data_seed(self.config.training.seed, self.identity.peer_id),
+            data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
             threads=reserve_threads_for_worker(self.config.training.threads),
             save_checkpoint=save,
         )
@@ -227,7 +228,7 @@ class Daemon:
     async def _main_loop(self) -> None:
         tick = self.config.daemon.tick_interval
         worker = self.runtime.worker
-        while not self._stop_requested.is_set():
+        while not self._signals.requested.is_set():
             await self._tick()
             if not worker.alive:
                 if worker.failure is not None:
@@ -235,7 +236,7 @@ class Daemon:
                     self._exit_code = ExitCode.FAILURE
                 break
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), timeout=tick)
+                await asyncio.wait_for(self._signals.requested.wait(), timeout=tick)
 
     async def _tick(self) -> None:
         """Rebuild the snapshot, deliver what happened since the last tick, then the extensions' tick hooks."""
@@ -271,6 +272,11 @@ class Daemon:
         self._snapshot = snapshot
         return snapshot
 
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot (status socket, extensions, metrics scrapes all read this one object)."""
+        return self._snapshot
+
     def _set_state(self, state: str) -> None:
         self.state = state
         self._refresh_snapshot()
@@ -279,7 +285,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         """Bounded: stop the worker, save, say goodbye, stop hivemind; past the bound, kill what is left."""
-        from swarmd.swarm.children import descendant_pids, kill_descendants
+        from swarmd.swarm.children import kill_leftovers
 
         self._set_state("stopping")
         for extension in self.extensions:
@@ -301,10 +307,7 @@ class Daemon:
         if self.status_server is not None:
             await self.status_server.close()
 
-        leftovers = descendant_pids()
-        if leftovers:
-            logger.info("Killing %d leftover child process(es): %s", len(leftovers), _describe_pids(leftovers))
-            kill_descendants()
+        kill_leftovers()
         if remaining() <= 0:
             logger.error("The graceful stop took longer than daemon.shutdown_timeout=%.0f s", budget)
             self._exit_code = ExitCode.FAILURE
@@ -335,59 +338,9 @@ class Daemon:
         self.dht.shutdown()
         self.dht.join(timeout=10)
 
-    # --- signals -------------------------------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-
-    def _restore_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
-
-    def _on_signal(self, sig: int) -> None:
-        self._signals_received += 1
-        if self._signals_received == 1:
-            logger.info("Received %s: stopping gracefully (send it again to force)", signal.Signals(sig).name)
-            self._stop_requested.set()
-            return
-        from swarmd.swarm.children import kill_descendants
-
-        logger.error("Received %s again: forcing exit", signal.Signals(sig).name)
-        kill_descendants()
-        if self.status_server is not None:
-            with contextlib.suppress(OSError):
-                self.status_server.path.unlink()
-        os._exit(int(ExitCode.FAILURE))
-
     def _check_stop(self) -> None:
-        if self._stop_requested.is_set():
+        if self._signals.requested.is_set():
             raise _StopDuringStartup()
-
-
-class _View:
-    """The daemon as its extensions see it (daemon/extension.py DaemonView): nothing else of it."""
-
-    def __init__(self, daemon: Daemon):
-        self._daemon = daemon
-
-    @property
-    def config(self):
-        return self._daemon.config
-
-    @property
-    def dht(self):
-        return self._daemon.dht
-
-    def snapshot(self) -> Snapshot:
-        return self._daemon._snapshot
-
-    def worker_activity(self):
-        runtime = self._daemon.runtime
-        return runtime.stats.activity() if runtime is not None else None
 
 
 def _guarded(hook, *args):
@@ -412,28 +365,5 @@ async def _bounded(what: str, function, remaining) -> None:
         logger.warning("Error while %s: %r", what, e)
 
 
-def _replace(identity: Identity, **changes) -> Identity:
-    import dataclasses
-
-    return dataclasses.replace(identity, **changes)
-
-
 class _StopDuringStartup(Exception):
     pass
-
-
-def _data_seed(seed: Optional[int], peer_id: str) -> int:
-    """Each peer shuffles its data its own way (derived from its persistent peer id), reproducibly given `seed`."""
-    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def _describe_pids(pids: list[int]) -> str:
-    names = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                names.append(f"{f.read().strip()}[{pid}]")
-        except OSError:
-            names.append(str(pid))
-    return ", ".join(names)

@@ -188,21 +188,18 @@ def _rounds(s: dict[str, Any], now: float):
 
     rounds = list(reversed(s.get("recent_averaging") or []))[:8]
     counts = s.get("averaging") or {}
-    summary = "; ".join(
-        f"{kind}: {c.get('success', 0)} ok, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
-        for kind, c in sorted(counts.items())
-    )
+    summary = "; ".join(f"{kind}: {_outcome_counts(c)}" for kind, c in sorted(counts.items()) if any(c.values()))
     table = Table(show_edge=False)
     for header, justify in (("when", "right"), ("kind", "left"), ("outcome", "left"), ("group", "right"),
                             ("duration", "right"), ("epoch", "right")):
         table.add_column(header, justify=justify, no_wrap=True)
-    styles = {"success": "green", "failed": "red", "skipped": "yellow"}
+    styles = {"success": "green", "skipped": "yellow"}  # any other outcome: the average was not used
     for item in rounds:
         outcome = item.get("outcome", "")
         table.add_row(
             f"{format_duration(max(0.0, now - item.get('time', now)))} ago",
             item.get("kind", ""),
-            f"[{styles.get(outcome, 'white')}]{outcome}[/]",
+            f"[{styles.get(outcome, 'red')}]{outcome}[/]",
             str(item.get("group_size", "")),
             f"{item.get('duration_seconds', 0.0):.2f} s",
             str(item.get("epoch", "")),
@@ -229,6 +226,14 @@ def _loss(s: dict[str, Any]):
 
 
 # --- formatting ----------------------------------------------------------------------------------------------
+
+
+def _outcome_counts(counts: dict[str, int]) -> str:
+    """"3 success, 1 rejected": every outcome that happened, in swarm/outcomes.py's order (unknown ones last)."""
+    from swarmd.swarm.outcomes import OUTCOMES
+
+    order = list(OUTCOMES) + sorted(set(counts) - set(OUTCOMES))
+    return ", ".join(f"{counts[name]} {name}" for name in order if counts.get(name))
 
 
 def progress_bar(done: float, total: float, width: int = 40):

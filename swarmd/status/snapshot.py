@@ -217,30 +217,14 @@ def build_snapshot(
         phase=worker.phase if worker is not None else state,
         uptime_seconds=round(time.time() - identity.started_at, 3),
         target_batch_size=progress.target_batch_size if progress is not None else identity.target_batch_size,
-        checkpoint=checkpoint if checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total) else None,
         averaging={kind: {outcome: 0 for outcome in OUTCOMES} for kind in KINDS},
     )
+    if checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total):
+        fields["checkpoint"] = checkpoint
     if progress is not None:
-        fields.update(
-            {name: getattr(progress, name) for name in ("local_epoch", "global_epoch", "num_peers", "num_clients",
-                                                       "samples_accumulated", "eta_seconds", "state_loads_total")}
-        )
+        fields.update(_progress_fields(progress))
     if worker is not None:
-        fields.update(
-            samples_per_second=round(worker.samples_per_second, 3),
-            samples_total=worker.samples_total,
-            steps_total=worker.steps_total,
-            compute_seconds_total=round(worker.compute_seconds_total, 3),
-            optimizer_seconds_total=round(worker.optimizer_seconds_total, 3),
-            loss=worker.loss,
-            loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
-            step_metrics=dict(worker.step_metrics),
-            failures_total=worker.failures_total,
-            nonfinite_steps_total=worker.nonfinite_steps_total,
-            restores_total=worker.restores_total,
-            last_error=worker.last_error,
-            evaluation=Evaluation(*worker.evaluation) if worker.evaluation else None,
-        )
+        fields.update(_worker_fields(worker))
     if averaging is not None:
         for (kind, outcome), count in averaging.counts.items():
             fields["averaging"].setdefault(kind, {})[outcome] = count
@@ -250,6 +234,30 @@ def build_snapshot(
             recent_averaging=tuple(averaging.recent),
         )
     return Snapshot(**fields)
+
+
+def _progress_fields(progress: SwarmProgress) -> dict[str, Any]:
+    names = ("local_epoch", "global_epoch", "num_peers", "num_clients", "samples_accumulated", "eta_seconds",
+             "state_loads_total")
+    return {name: getattr(progress, name) for name in names}
+
+
+def _worker_fields(worker) -> dict[str, Any]:
+    return dict(
+        samples_per_second=round(worker.samples_per_second, 3),
+        samples_total=worker.samples_total,
+        steps_total=worker.steps_total,
+        compute_seconds_total=round(worker.compute_seconds_total, 3),
+        optimizer_seconds_total=round(worker.optimizer_seconds_total, 3),
+        loss=worker.loss,
+        loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
+        step_metrics=dict(worker.step_metrics),
+        failures_total=worker.failures_total,
+        nonfinite_steps_total=worker.nonfinite_steps_total,
+        restores_total=worker.restores_total,
+        last_error=worker.last_error,
+        evaluation=Evaluation(*worker.evaluation) if worker.evaluation else None,
+    )
 
 
 def _eta(eta_next_epoch: float, now: float) -> Optional[float]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import logging
 import os
 import signal
 import sys
 
-__all__ = ["tie_children_to_this_process", "descendant_pids", "kill_descendants"]
+__all__ = ["tie_children_to_this_process", "descendant_pids", "kill_descendants", "kill_leftovers"]
 
 _PR_SET_PDEATHSIG = 1
 _installed = False
@@ -113,3 +114,24 @@ def kill_descendants(sig: int = signal.SIGKILL) -> int:
         except ProcessLookupError:
             pass
     return count
+
+
+def kill_leftovers() -> None:
+    """At the end of a shutdown: kill (and name, in the log) whatever child process is still alive."""
+    leftovers = descendant_pids()
+    if leftovers:
+        logging.getLogger("swarmd.daemon").info(
+            "Killing %d leftover child process(es): %s", len(leftovers), _describe_pids(leftovers)
+        )
+        kill_descendants()
+
+
+def _describe_pids(pids: list[int]) -> str:
+    names = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                names.append(f"{f.read().strip()}[{pid}]")
+        except OSError:
+            names.append(str(pid))
+    return ", ".join(names)

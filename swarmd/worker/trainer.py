@@ -13,6 +13,7 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -27,7 +28,7 @@ from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
 from swarmd.worker.threads import use_threads_in_this_thread
 
-__all__ = ["TrainingWorker", "WorkerSettings", "resolve_device", "move_to_device"]
+__all__ = ["TrainingWorker", "WorkerSettings", "resolve_device", "move_to_device", "peer_data_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,12 @@ def resolve_device(name: str) -> torch.device:
 
         raise ConfigError(f"training.device: {name} was asked for but CUDA is not available here; use cpu or auto")
     return device
+
+
+def peer_data_seed(seed: Optional[int], peer_id: str) -> int:
+    """Each peer shuffles its data its own way (derived from its persistent peer id), reproducibly given `seed`."""
+    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

@@ -89,8 +89,7 @@ def test_a_hung_step_does_not_hold_up_the_stop(daemons, test_tasks_env):
     config = faulty(hang_at_step=8)
     config["daemon"]["shutdown_timeout"] = 12.0
     peer = daemons("hung", config, env=test_tasks_env)
-    peer.wait_status(lambda s: s["steps_total"] >= 7, 120, "training up to the hang")
-    time.sleep(1.0)
+    peer.wait_for(lambda: "faulty: hanging at step 8" in peer.log, 120, "training up to the hang")
     started = time.monotonic()
     assert peer.terminate(timeout=60) == 0
     assert time.monotonic() - started < 12.0 + 5.0  # the documented bound, plus process exit

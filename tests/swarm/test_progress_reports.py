@@ -38,12 +38,12 @@ def tracker_on_dht():
     def make(report_interval: float) -> tuple[ThrottledProgressTracker, CountingDHT]:
         tracker = ThrottledProgressTracker(
             dht=dht, prefix=f"throttle{len(trackers)}", target_batch_size=10**9, report_interval=report_interval,
-            start=True,
+            start=False,
         )
         counting = CountingDHT(dht)
         tracker.dht = counting
+        tracker.start()  # counting from the start: the reporter stores nothing until a step reports samples
         trackers.append(tracker)
-        time.sleep(0.3)  # the reporter's first (startup) publication goes to the real handle
         return tracker, counting
 
     try:

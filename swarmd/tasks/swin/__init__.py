@@ -7,6 +7,7 @@ This module stays light; the model and data code is imported when the task is bu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -122,6 +123,19 @@ class SwinTask(Task):
         else:
             self._root = None
         self.num_classes = self._count_classes()
+        self._check_one_batch_fits()
+
+    def _check_one_batch_fits(self) -> None:
+        """Training draws whole batches only: a folder with fewer images than one batch can never train."""
+        if self._root is None:
+            return
+        batch = self.context.batch_size
+        found = _count_images(self._root / "train", stop_at=batch)
+        if found < batch:
+            raise ConfigError(
+                f"training.batch_size: {batch} is more than the {found} training images in {self._root / 'train'}; "
+                "lower the batch size or add images"
+            )
 
     def _count_classes(self) -> int:
         if self._root is None:
@@ -174,3 +188,17 @@ def _check_split(path: Path, *, required: bool) -> None:
         raise ConfigError(f"task.data.path: {path} has no class folders; expected {path}/<class>/<image files>")
     if not any(f.is_file() for c in classes for f in c.iterdir()):
         raise ConfigError(f"task.data.path: the class folders in {path} hold no images")
+
+
+def _count_images(path: Path, *, stop_at: int) -> int:
+    """Image files under path/<class>/, counted up to `stop_at` (an ImageNet folder need not be walked whole)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    count = 0
+    for folder in sorted(p for p in path.iterdir() if p.is_dir()):
+        for entry in os.scandir(folder):
+            if entry.is_file() and entry.name.lower().endswith(IMG_EXTENSIONS):
+                count += 1
+                if count >= stop_at:
+                    return count
+    return count
