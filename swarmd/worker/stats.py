@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ["WorkerStats", "WorkerReport", "Activity"]
 
@@ -63,8 +63,12 @@ class WorkerStats:
     _losses_this_epoch: list = field(default_factory=list)
     _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the daemon's tick
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # (activity, monotonic time it began, budget in seconds or None): one tuple, so one atomic assignment
-    _activity: tuple = field(default_factory=lambda: ("starting", time.monotonic(), None))
+    clock: Callable[[], float] = time.monotonic  # injectable, so tests age an activity without sleeping
+    # (activity, clock time it began, budget in seconds or None): one tuple, so one atomic assignment
+    _activity: tuple = ("starting", 0.0, None)
+
+    def __post_init__(self):
+        self._activity = ("starting", self.clock(), None)
 
     # --- the heartbeat -------------------------------------------------------------------------------------
 
@@ -75,11 +79,11 @@ class WorkerStats:
         backoff), derived from the config by the worker. None for the worker's own work (a batch, forward,
         backward), which must show progress within one watchdog interval.
         """
-        self._activity = (activity, time.monotonic(), budget)
+        self._activity = (activity, self.clock(), budget)
 
     def activity(self) -> Activity:
         name, since, budget = self._activity
-        return name, time.monotonic() - since, budget
+        return name, self.clock() - since, budget
 
     # --- writes (the worker thread) ------------------------------------------------------------------------
 

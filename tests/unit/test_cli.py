@@ -32,6 +32,20 @@ def test_status_without_a_daemon_is_one_line_and_exit_1(tmp_path, without_heavy_
         assert "Traceback" not in result.stderr
 
 
+def test_status_from_the_default_state_dir_imports_no_config_code(tmp_path):
+    """Neither yaml nor swarmd's pydantic schema (typer itself imports pydantic since 0.2x; the schema is ours)."""
+    env = blocked_imports_env(tmp_path, names=("torch", "hivemind", "yaml"))
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # the default state dir: nothing runs there
+    env["PYTHONPROFILEIMPORTTIME"] = "1"  # every import, one line each on stderr
+    result = run_cli("status", "--json", env=env)
+    assert result.returncode == 1, result.stderr
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "swarmd.cli.status" in imported and "swarmd.config.paths" in imported  # the profile is real
+    assert not {name for name in imported if name.startswith(("swarmd.config.schema", "swarmd.config.loader"))}
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and "no swarmd daemon is running" in errors[0], errors
+
+
 def test_config_validate_reports_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("swarm:\n  target_batch_size: lots\n")

@@ -30,13 +30,13 @@ def test_progress_check_allowances():
 
 
 def test_stats_heartbeat_ages():
-    stats = WorkerStats()
+    now = [100.0]
+    stats = WorkerStats(clock=lambda: now[0])
     stats.begin("averaging", 30.0)
-    time.sleep(0.05)
-    name, seconds, budget = stats.activity()
-    assert (name, budget) == ("averaging", 30.0) and seconds >= 0.05
+    now[0] += 0.05
+    assert stats.activity() == ("averaging", pytest.approx(0.05), 30.0)
     stats.begin("computing")
-    assert stats.activity()[0] == "computing" and stats.activity()[1] < 0.05 and stats.activity()[2] is None
+    assert stats.activity() == ("computing", 0.0, None)
 
 
 def test_status_line():
@@ -46,42 +46,55 @@ def test_status_line():
     assert status_line(behind) == "joining: epoch 0 (swarm at 40), 1 peer, 0.0 samples/s"
 
 
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
 def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, caplog):
     receiver = NotifyReceiver(str(tmp_path / "notify.sock"))
-    stats = WorkerStats()
+    worker_clock = [1000.0]  # the worker's activities age only when the test says so
+    stats = WorkerStats(clock=lambda: worker_clock[0])
     view = SimpleNamespace(  # daemon/extension.py DaemonView
         config=None,
         dht=None,
         worker_activity=stats.activity,
         snapshot=lambda: Snapshot(run_id="r", phase=stats.phase, local_epoch=1, global_epoch=1, num_peers=1, samples_per_second=1.0),
     )
-    interval = 0.5
+    interval = 0.25
     extension = SystemdNotifier(
         Notifier(str(tmp_path / "notify.sock")), WatchdogSettings(timeout=2 * interval), shutdown_timeout=60.0
     )
     marks = {}
 
+    async def until(predicate):
+        await asyncio.wait_for(_until(predicate), timeout=10)
+
     async def scenario():
         await extension.start(view)
-        await asyncio.sleep(0.05)  # the start-up continues on the loop: a STATUS line says what it does
+        await until(lambda: receiver.messages)  # the start-up continues on the loop: a STATUS line says what it does
         stats.set_phase("training")
         stats.begin("computing")
         extension.ready(view)
         marks["ready"] = time.time()
-        while time.time() - marks["ready"] < 2.5:  # steps that keep finishing
-            stats.begin("computing")
-            await asyncio.sleep(0.05)
-        marks["hung"] = time.time()  # no more sign of life from the worker
-        await asyncio.sleep(2.5)
+        await until(lambda: len(receiver.pings(marks["ready"])) >= 5)  # steps that keep finishing
+        marks["hung"] = time.time()
+        worker_clock[0] += interval + 0.1  # the step in progress is now older than its allowance: a hang
+        await until(lambda: "stopped progressing" in caplog.text)
+        marks["silent"] = time.time()
+        await asyncio.sleep(3 * interval)  # three more checks, none of which may ping
         stats.begin("downloading the swarm's state", 1.5)  # a legitimate wait, bounded by the config
         marks["waiting"] = time.time()
-        await asyncio.sleep(3.5)
+        await until(lambda: len(receiver.pings(marks["waiting"])) >= 2)
+        worker_clock[0] += 1.5 + interval + 0.1  # the download outlived its budget plus one interval
+        await until(lambda: caplog.text.count("stopped progressing") >= 2)
+        marks["spent"] = time.time()
+        await asyncio.sleep(3 * interval)
         extension.stopping(view)
         await extension.close()
 
     with caplog.at_level(logging.INFO, logger="swarmd.systemd"):
         asyncio.run(scenario())
-    time.sleep(0.3)
     receiver.close()
 
     messages = [m for _, m in receiver.messages]
@@ -92,13 +105,13 @@ def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, 
     progressing = receiver.pings(marks["ready"], marks["hung"])
     gaps = [b - a for a, b in zip(progressing, progressing[1:])]
     assert len(progressing) >= 4 and max(gaps) < 2 * interval, gaps
-    # hung: pings stop once the allowance (one interval) is spent; the check after that stays silent
-    assert receiver.pings(marks["hung"] + interval + 0.1, marks["waiting"]) == []
+    # hung: pings stop once the allowance (one interval) is spent; the checks after that stay silent
+    assert receiver.pings(marks["silent"], marks["waiting"]) == []
     assert "stopped progressing (computing for" in caplog.text
     # waiting legitimately: pings again, until the budget (1.5 s) plus one interval is spent
-    assert len(receiver.pings(marks["waiting"], marks["waiting"] + 1.5)) >= 2
-    assert receiver.pings(marks["waiting"] + 1.5 + interval + 0.1) == []
     assert "progressing again" in caplog.text
+    assert receiver.pings(marks["spent"]) == []
+    assert "stopped progressing (downloading the swarm's state for" in caplog.text
     stopping = [m for m in messages if m.startswith("STOPPING=1")]
     assert stopping == [f"STOPPING=1\nEXTEND_TIMEOUT_USEC={int((60 + STOP_MARGIN_SECONDS) * 1e6)}\nSTATUS=stopping (saving, saying goodbye)"]
 
