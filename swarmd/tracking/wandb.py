@@ -62,8 +62,9 @@ class WandBLogger(BaseLogger):
         self._run = wandb.init(
             **self.init_arguments,
             config=self.run_config,
-            # a daemon: no stdout capture (it would wrap journald's stream), no banners, never a second run's state
-            settings=wandb.Settings(console="off", quiet=True, reinit="create_new"),
+            # a daemon: no stdout capture (it would wrap journald's stream), no banners (we log the run's name),
+            # never another run's state
+            settings=wandb.Settings(console="off", silent=True, reinit="create_new"),
         )
         logger.info("Weights & Biases run %s (%s)", self._run.name, self._run.settings.mode)
 
@@ -78,6 +79,11 @@ class WandBLogger(BaseLogger):
         self._run.log({**scalars, axis: step})
 
     def close(self) -> None:
+        import wandb
+
         run, self._run = self._run, None
         if run is not None:
             run.finish()
+        # Stop wandb's service process now, while the daemon is still tidy, rather than in wandb's atexit hook
+        # (after the daemon has reaped its leftover children: that hook would then fail on a dead socket).
+        wandb.teardown()

@@ -28,6 +28,7 @@ def test_a_peer_logs_every_epoch_to_tensorboard_and_wandb_offline(daemons, test_
     assert "Reached training.max_epochs" in peer.log
     assert peer.leftover_processes() == [], peer.tail()  # wandb's own process included
     assert "Tracking backend" not in peer.log, peer.tail()
+    assert "wandb-core" not in peer.log and "Traceback" not in peer.log, peer.tail()  # wandb stopped in order
 
     runs = list((peer.state_dir / "tracking" / "tensorboard").iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("tracked-")
