@@ -121,10 +121,12 @@ class LoggerFanout:
     def _call(self, backend: BaseLogger, method, *args) -> None:
         try:
             method(*args)
-        except Exception as e:  # noqa: BLE001 - a tracking backend must never stop training
+        # BaseException too: a library may raise KeyboardInterrupt from a prompt it should not have shown, and an
+        # exception that ended this thread would leave the backends unclosed and the records silently piling up.
+        except BaseException as e:  # noqa: BLE001 - a tracking backend must never stop training
             self._drop(backend, e, close=method != backend.close)
 
-    def _drop(self, backend: BaseLogger, error: Exception, *, close: bool) -> None:
+    def _drop(self, backend: BaseLogger, error: BaseException, *, close: bool) -> None:
         with self._lock:
             if backend not in self._backends:
                 return
@@ -138,5 +140,5 @@ class LoggerFanout:
             return
         try:
             backend.close()
-        except Exception:  # noqa: BLE001 - already broken; its error was reported above
+        except BaseException:  # noqa: BLE001 - already broken; its error was reported above
             logger.debug("closing the failed %s backend raised too", backend.name, exc_info=True)

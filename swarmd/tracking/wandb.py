@@ -59,6 +59,12 @@ class WandBLogger(BaseLogger):
 
         if "dir" in self.init_arguments:
             os.makedirs(self.init_arguments["dir"], exist_ok=True)
+        mode = self.init_arguments.get("mode") or os.environ.get("WANDB_MODE") or "online"
+        # Without credentials wandb would prompt on the terminal, from this thread, in a daemon: fail instead.
+        if mode == "online" and not wandb.login(prompt=False, verify=False):
+            raise RuntimeError(
+                "no W&B credentials: set WANDB_API_KEY or run `wandb login`, or set tracking.wandb.mode: offline"
+            )
         self._run = wandb.init(
             **self.init_arguments,
             config=self.run_config,

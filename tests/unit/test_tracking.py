@@ -8,6 +8,7 @@ import pytest
 
 from swarmd.config import load_config
 from swarmd.errors import ConfigError
+from swarmd.tracking.backends import build_backends
 from swarmd.tracking.base import BaseLogger, LoggerFanout
 from swarmd.tracking.extension import SnapshotDiff, TrackingExtension, epoch_scalars
 from swarmd.tracking.wandb import wandb_init_arguments
@@ -166,6 +167,19 @@ def test_wandb_settings_come_from_the_config_then_wandb_variables_then_swarmd_de
     assert wandb_init_arguments(settings, environ=from_env, **defaults) == {}  # wandb reads them itself
     configured = tracking_config(tmp_path, "tracking.wandb={project: q, entity: e, mode: disabled}").tracking.wandb
     assert wandb_init_arguments(configured, environ=from_env, **defaults) == {"project": "q", "entity": "e", "mode": "disabled"}
+
+
+def test_wandb_online_without_credentials_is_dropped_instead_of_prompting(tmp_path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings file
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    recording = Recording()
+    config = tracking_config(tmp_path, "tracking.backends=[wandb]", "tracking.wandb.mode=online")
+    extension = TrackingExtension(config, backends=[*build_backends(config), recording])
+    run_epochs(extension)
+    assert len(extension.fanout.failed) == 1 and "no W&B credentials" in extension.fanout.failed[0]
+    assert sorted({step for step, axis, _ in recording.records if axis == "epoch"}) == list(range(EPOCHS))
 
 
 # --- failures -----------------------------------------------------------------------------------------------------
