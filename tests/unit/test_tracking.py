@@ -275,3 +275,23 @@ def test_unknown_or_repeated_backends_are_config_errors(tmp_path):
         tracking_config(tmp_path, "tracking.backends=[mlflow]")
     with pytest.raises(ConfigError, match="each backend once"):
         tracking_config(tmp_path, "tracking.backends=[wandb, wandb]")
+
+
+def test_swarmd_join_stops_before_starting_when_the_package_is_missing(tmp_path):
+    """The error comes at start-up validation: exit 2, one line, nothing started (no state dir created)."""
+    from daemons import REPO, run_cli
+
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None  # as if not installed\n")
+    env = {"PYTHONPATH": f"{hide}:{REPO}"}
+    config = tmp_path / "peer.yaml"
+    config.write_text("tracking:\n  backends: [wandb]\n")
+    state_dir = tmp_path / "state"
+    for args in (["config", "validate", str(config)], ["join", "--config", str(config), "--state-dir", str(state_dir)]):
+        result = run_cli(*args, env=env, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and "pip install 'swarmd[wandb]'" in result.stderr, result.stderr
+        assert "tracking.backends" in result.stderr and str(config) in result.stderr
+    assert not state_dir.exists()
+    assert run_cli("config", "validate", str(config), timeout=120).returncode == 0  # where wandb is installed
