@@ -50,3 +50,24 @@ def test_a_peer_logs_every_epoch_to_tensorboard_and_wandb_offline(daemons, test_
     rows = wandb_history(run_files[0])
     logged = {row["epoch"] for row in rows if "loss_metrics/epoch_avg_loss" in row}
     assert logged == set(range(MAX_EPOCHS)), rows
+
+
+def test_a_broken_backend_is_dropped_and_training_goes_on(daemons, test_tasks_env, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the log dir should go")  # mkdir under it fails, as a full or gone disk would
+    config = peer_config(
+        task={"name": "toy-regression", "frozen_epochs": 5, "frozen_step_seconds": 0.4},
+        swarm={"target_batch_size": 64},
+        training={"batch_size": 32, "max_epochs": 5},
+        tracking={"backends": ["tensorboard"], "tensorboard": {"log_dir": str(blocker / "tensorboard")}},
+    )
+    peer = daemons("peer", config, env=test_tasks_env)
+    status = peer.wait_status(
+        lambda s: s.get("tracking", {}).get("failures_total") == 1 and (s["local_epoch"] or 0) >= 1,
+        timeout=150,
+        what="the tensorboard backend dropped while training goes on",
+    )
+    assert status["tracking"]["backends"] == [] and status["tracking"]["failed"][0].startswith("tensorboard: ")
+    assert peer.proc.wait(timeout=120) == 0, peer.tail()
+    assert "Reached training.max_epochs=5" in peer.log
+    assert peer.log.count("Tracking backend tensorboard failed") == 1, peer.tail()
