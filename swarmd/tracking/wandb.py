@@ -60,8 +60,9 @@ class WandBLogger(BaseLogger):
         if "dir" in self.init_arguments:
             os.makedirs(self.init_arguments["dir"], exist_ok=True)
         mode = self.init_arguments.get("mode") or os.environ.get("WANDB_MODE") or "online"
+        disabled = os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes")
         # Without credentials wandb would prompt on the terminal, from this thread, in a daemon: fail instead.
-        if mode == "online" and not wandb.login(prompt=False, verify=False):
+        if mode in ("online", "run") and not disabled and not wandb.login(prompt=False, verify=False):
             raise RuntimeError(
                 "no W&B credentials: set WANDB_API_KEY or run `wandb login`, or set tracking.wandb.mode: offline"
             )
