@@ -26,6 +26,7 @@ __all__ = [
     "DaemonConfig",
     "MetricsConfig",
     "LoggingConfig",
+    "TrackingConfig",
     "TaskSection",
     "SwarmdConfig",
     "default_state_dir",
@@ -254,6 +255,57 @@ class LoggingConfig(StrictModel):
     )
 
 
+class TensorBoardTrackingConfig(StrictModel):
+    log_dir: Optional[str] = Field(
+        None,
+        description="Where the event files go, one sub-directory per daemon start. Default: <state_dir>/tracking/tensorboard.",
+    )
+
+
+class WandbTrackingConfig(StrictModel):
+    """Weights & Biases. Unset keys fall back to wandb's own WANDB_* variables, then to swarmd's default."""
+
+    project: Optional[str] = Field(None, description="Default: $WANDB_PROJECT, else the run_id.")
+    entity: Optional[str] = Field(None, description="Team or user. Default: $WANDB_ENTITY, else your default entity.")
+    name: Optional[str] = Field(None, description="This peer's run name. Default: $WANDB_NAME, else daemon.public_name.")
+    mode: Optional[Literal["online", "offline", "disabled"]] = Field(
+        None, description="offline needs no account (upload later with `wandb sync`). Default: $WANDB_MODE, else online."
+    )
+    dir: Optional[str] = Field(None, description="Where wandb keeps its files. Default: $WANDB_DIR, else <state_dir>/tracking.")
+
+
+class TrackingConfig(StrictModel):
+    """Experiment tracking: this peer's curves (loss, learning rate, throughput, averaging, evaluation) in
+    TensorBoard and/or Weights & Biases (docs/TRACKING.md). Written by a thread of its own; a backend that fails
+    is dropped with a warning and training goes on."""
+
+    backends: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="Backends to log to, e.g. [tensorboard, wandb]. Each needs its extra: pip install 'swarmd[wandb]'.",
+    )
+    log_every_steps: int = Field(
+        20,
+        ge=0,
+        description="Also log the recent loss every this many local steps (at most once per daemon.tick_interval); "
+        "0: per epoch only.",
+    )
+    tensorboard: TensorBoardTrackingConfig = Field(default_factory=TensorBoardTrackingConfig)
+    wandb: WandbTrackingConfig = Field(default_factory=WandbTrackingConfig)
+
+    @field_validator("backends")
+    @classmethod
+    def _check_backends(cls, value: list[str]) -> list[str]:
+        from swarmd.tracking.backends import missing_package  # light: finds the package without importing it
+
+        if len(set(value)) != len(value):
+            raise ValueError("each backend once")
+        for backend in value:
+            problem = missing_package(backend)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+
 class TaskSection(BaseModel):
     """`task.name` picks the plug-in; every other key under `task` is validated by that task's own Config."""
 
@@ -289,6 +341,7 @@ class SwarmdConfig(StrictModel):
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_roles(self) -> "SwarmdConfig":

@@ -31,4 +31,8 @@ def build_extensions(config) -> list[Extension]:
         from swarmd.daemon.progress_log import ProgressLogger
 
         extensions.append(ProgressLogger(config.logging.progress_interval))
+    if config.tracking.backends:
+        from swarmd.tracking.extension import TrackingExtension
+
+        extensions.append(TrackingExtension(config))
     return extensions

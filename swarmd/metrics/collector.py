@@ -1,9 +1,9 @@
 """The daemon's Prometheus metrics, in a registry of its own.
 
 Two kinds, as Prometheus' client guidelines ask:
-- state - epochs, swarm progress, throughput, loss, averaging rounds by outcome, checkpoints - is read at scrape
-  time from the daemon's latest snapshot (status/snapshot.py), through the tables below, so /metrics and
-  `swarmd status` never disagree; network bytes are read from the kernel then too;
+- state - epochs, swarm progress, throughput, loss, averaging rounds by outcome, checkpoints, p2pd's network
+  bytes - is read at scrape time from the daemon's latest snapshot (status/snapshot.py), through the tables
+  below, so /metrics and `swarmd status` never disagree;
 - durations - of averaging rounds and of training steps - are events the daemon delivers on its tick
   (daemon/extension.py), observed into Histograms.
 
@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
-from swarmd.metrics.netstat import TcpTraffic
 from swarmd.status.snapshot import PEER_STATES, Snapshot
 from swarmd.swarm.outcomes import KINDS, OUTCOMES, outcome_help
 
@@ -60,13 +59,22 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
      lambda s: s.nonfinite_steps_total),
     ("swarmd_parameter_restores", "Times the parameters were restored from the in-memory backup.",
      lambda s: s.restores_total),
+    ("swarmd_network_sent_bytes",
+     "TCP payload bytes this peer's p2pd sent and had acknowledged (DHT, averaging, state downloads).",
+     lambda s: s.network.sent_bytes if s.network else None),
+    ("swarmd_network_received_bytes", "TCP payload bytes this peer's p2pd received.",
+     lambda s: s.network.received_bytes if s.network else None),
+    ("swarmd_tracking_failures", "Experiment-tracking backends dropped because they raised (tracking/).",
+     lambda s: s.tracking.failures_total if s.tracking else None),
+    ("swarmd_tracking_dropped_records", "Tracking records dropped because the backends fell behind.",
+     lambda s: s.tracking.dropped_total if s.tracking else None),
 )
 
 
 class SwarmdMetrics:
     """A fresh registry with the daemon's collector and the duration histograms the daemon's events feed."""
 
-    def __init__(self, read_snapshot: Callable[[], Snapshot], network: Optional[TcpTraffic] = None):
+    def __init__(self, read_snapshot: Callable[[], Snapshot]):
         self.registry = CollectorRegistry()
         self.averaging_duration = Histogram(
             "swarmd_averaging_duration_seconds",
@@ -81,7 +89,7 @@ class SwarmdMetrics:
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DaemonCollector(read_snapshot, network))
+        self.registry.register(DaemonCollector(read_snapshot))
 
     def observe_round(self, item) -> None:
         """A round that finished (swarm/averaging_log.py AveragingRound)."""
@@ -94,11 +102,10 @@ class SwarmdMetrics:
 
 
 class DaemonCollector(Collector):
-    """Reads the daemon's latest snapshot (and p2pd's TCP counters) at scrape time."""
+    """Reads the daemon's latest snapshot at scrape time."""
 
-    def __init__(self, read_snapshot: Callable[[], Snapshot], network: Optional[TcpTraffic] = None):
+    def __init__(self, read_snapshot: Callable[[], Snapshot]):
         self._read_snapshot = read_snapshot
-        self._network = network
 
     def collect(self) -> Iterable:
         s = self._read_snapshot()
@@ -109,19 +116,6 @@ class DaemonCollector(Collector):
         for name, documentation, value in COUNTERS:
             yield _family(CounterMetricFamily(name, documentation), value(s))
         yield from _averaging(s)
-        yield from self._traffic()
-
-    def _traffic(self) -> Iterable:
-        traffic = self._network.read() if self._network is not None else None
-        sent, received = traffic if traffic is not None else (None, None)
-        yield _family(
-            CounterMetricFamily(
-                "swarmd_network_sent_bytes",
-                "TCP payload bytes this peer's p2pd sent and had acknowledged (DHT, averaging, state downloads).",
-            ),
-            sent,
-        )
-        yield _family(CounterMetricFamily("swarmd_network_received_bytes", "TCP payload bytes this peer's p2pd received."), received)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:

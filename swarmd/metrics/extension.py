@@ -32,6 +32,7 @@ class MetricsExtension(Extension):
         self.address: Optional[str] = None  # host:port actually bound (the port is chosen by the OS for port 0)
         self.error: Optional[str] = None
         self._server = None
+        self._traffic = None  # p2pd's TCP counters (metrics/netstat.py), read at each tick into the snapshot
 
     async def start(self, view: DaemonView) -> None:
         from prometheus_client import disable_created_metrics, start_http_server
@@ -41,8 +42,9 @@ class MetricsExtension(Extension):
 
         disable_created_metrics()  # no `_created` series: noise on every dashboard (this process exports only ours)
         host, port = split_listen_address(self.listen)
+        self._traffic = TcpTraffic(P2pdProcesses())
         try:
-            self.metrics = SwarmdMetrics(view.snapshot, TcpTraffic(P2pdProcesses()))
+            self.metrics = SwarmdMetrics(view.snapshot)
             self._server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
         except OSError as e:
             self.error = f"cannot listen on {self.listen}: {e.strerror or e}"
@@ -68,7 +70,13 @@ class MetricsExtension(Extension):
             self.metrics.observe_steps(event.seconds)
 
     def snapshot_fields(self) -> dict[str, Any]:
-        return {"metrics_address": self.address}
+        from swarmd.status.snapshot import NetworkBytes
+
+        fields: dict[str, Any] = {"metrics_address": self.address}
+        traffic = self._traffic.read() if self._traffic is not None else None
+        if traffic is not None:
+            fields["network"] = NetworkBytes(*traffic)
+        return fields
 
     async def close(self) -> None:
         if self._server is not None:

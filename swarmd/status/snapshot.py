@@ -28,6 +28,8 @@ __all__ = [
     "CheckpointInfo",
     "Evaluation",
     "WatchdogInfo",
+    "NetworkBytes",
+    "TrackingInfo",
     "build_snapshot",
     "read_swarm_progress",
     "progress_line",
@@ -96,6 +98,24 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class NetworkBytes:
+    """p2pd's TCP payload bytes (DHT, averaging, state downloads) since the daemon started."""
+
+    sent_bytes: int
+    received_bytes: int
+
+
+@dataclass(frozen=True)
+class TrackingInfo:
+    """The experiment-tracking backends (tracking/): which log, which were dropped after failing."""
+
+    backends: tuple
+    failed: tuple
+    failures_total: int
+    dropped_total: int  # records dropped because the backends fell behind
+
+
+@dataclass(frozen=True)
 class WatchdogInfo:
     """systemd's watchdog (only when it is on): the worker's current activity against its allowance."""
 
@@ -142,7 +162,10 @@ class Snapshot:
     optimizer_seconds_total: float = 0.0  # inside hivemind.Optimizer.step: accumulation, averaging waits, updates
     loss: Optional[float] = None
     loss_history: tuple = ()  # ((epoch, mean loss), ...)
-    step_metrics: dict = field(default_factory=dict)
+    step_metrics: dict = field(default_factory=dict)  # the task's extras of the last step (e.g. train accuracy)
+    learning_rates: tuple = ()  # per param group, read by the worker at each epoch
+    loss_scale: Optional[float] = None  # fp16 only
+    cuda_memory: tuple = ()  # ({device, allocated_bytes, reserved_bytes}, ...) of the worker's CUDA devices
     failures_total: int = 0
     nonfinite_steps_total: int = 0
     restores_total: int = 0
@@ -159,6 +182,8 @@ class Snapshot:
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0
     watchdog: Optional[WatchdogInfo] = None
+    network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
+    tracking: Optional[TrackingInfo] = None
     # remote mode (status/remote.py): a light DHT client watching a run
     mode: str = "local"
     initial_peers: tuple = ()
@@ -252,6 +277,9 @@ def _worker_fields(worker) -> dict[str, Any]:
         loss=worker.loss,
         loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
         step_metrics=dict(worker.step_metrics),
+        learning_rates=tuple(worker.readings.get("learning_rates") or ()),
+        loss_scale=worker.readings.get("loss_scale"),
+        cuda_memory=tuple(worker.readings.get("cuda_memory") or ()),
         failures_total=worker.failures_total,
         nonfinite_steps_total=worker.nonfinite_steps_total,
         restores_total=worker.restores_total,

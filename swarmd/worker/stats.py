@@ -42,6 +42,7 @@ class WorkerReport:
     last_error: str
     evaluation: Optional[tuple]  # (epoch, {metric: value}) of the last evaluation
     step_metrics: dict  # the task's extras of the last step (e.g. train accuracy)
+    readings: dict  # worker/readings.py epoch_readings: learning_rates, loss_scale, cuda_memory
 
 
 @dataclass
@@ -58,6 +59,7 @@ class WorkerStats:
     last_error: str = ""
     evaluation: Optional[tuple] = None  # (epoch, results)
     step_metrics: dict = field(default_factory=dict)
+    readings: dict = field(default_factory=dict)
     _window: deque = field(default_factory=lambda: deque(maxlen=50))  # (end time, samples, seconds, loss)
     _epoch_losses: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, mean loss)
     _losses_this_epoch: list = field(default_factory=list)
@@ -141,6 +143,11 @@ class WorkerStats:
         with self._lock:
             self.evaluation = (epoch, dict(results))
 
+    def record_readings(self, readings: dict) -> None:
+        """What the worker reads once per epoch (worker/readings.py): learning rates, loss scale, CUDA memory."""
+        with self._lock:
+            self.readings = dict(readings)
+
     # --- reads (the daemon's tick) -------------------------------------------------------------------------
 
     def report(self) -> WorkerReport:
@@ -160,6 +167,7 @@ class WorkerStats:
                 last_error=self.last_error,
                 evaluation=self.evaluation,
                 step_metrics=dict(self.step_metrics),
+                readings=dict(self.readings),
             )
 
     def drain_step_seconds(self) -> list[float]:

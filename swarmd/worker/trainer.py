@@ -208,6 +208,7 @@ class TrainingWorker:
         self.stats.set_phase("training")
         self.model.train()
         self.task.set_epoch(self.optimizer.local_epoch)
+        self._read_epoch_state()
         batches = iter(self.task.train_batches(self.data_seed))
         consecutive_failures = failures_since_start = 0
         while not self._stop.is_set():
@@ -302,6 +303,7 @@ class TrainingWorker:
             self._restore_backup()
             return
         self._take_backup()
+        self._read_epoch_state()
         if self._stop.is_set():
             return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet
         every = self.task.eval_every_epochs
@@ -326,6 +328,13 @@ class TrainingWorker:
             logger.info("Evaluation at epoch %d: %s (%.1f s)", epoch, shown, time.perf_counter() - started)
 
     # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _read_epoch_state(self) -> None:
+        """Learning rates, loss scale and CUDA memory for the status and the tracking: once per epoch (the loss
+        scale is a device sync on CUDA)."""
+        from swarmd.worker.readings import epoch_readings
+
+        self.stats.record_readings(epoch_readings(self.optimizer, self.precision, self.device))
 
     def _zero_grad(self) -> None:
         for param in self.model.parameters():

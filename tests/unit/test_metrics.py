@@ -18,7 +18,7 @@ from swarmd.config import load_config
 from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.metrics.extension import MetricsExtension, split_listen_address
 from swarmd.metrics.netstat import TcpTraffic
-from swarmd.status.snapshot import CheckpointInfo, Identity, build_snapshot, read_swarm_progress
+from swarmd.status.snapshot import CheckpointInfo, Identity, NetworkBytes, build_snapshot, read_swarm_progress
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.worker.stats import WorkerStats
 
@@ -56,12 +56,15 @@ def make_metrics(traffic=None):
     )
 
     def read():
-        return build_snapshot(
+        snapshot = build_snapshot(
             identity, parts.state, progress=read_swarm_progress(parts.optimizer), worker=parts.stats.report(),
             averaging=parts.log.summary(), checkpoint=parts.checkpoint,
         )
+        if traffic is not None:  # as the metrics extension adds it at each tick
+            snapshot = snapshot.with_fields({"network": NetworkBytes(*traffic.read())})
+        return snapshot
 
-    metrics = SwarmdMetrics(read, traffic)
+    metrics = SwarmdMetrics(read)
 
     def deliver():
         for item in parts.log.take_new():

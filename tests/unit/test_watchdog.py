@@ -153,6 +153,7 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
 
     class Optimizer:
         local_epoch = 0
+        param_groups = [{"lr": 0.1}]
         tracker = SimpleNamespace(
             fetched_global_progress_this_epoch=threading.Event(), global_epoch=5, global_progress=SimpleNamespace(num_peers=2)
         )

@@ -1,0 +1,184 @@
+"""What a peer logs to its tracking backends, read from the status snapshot at each tick.
+
+`epoch_scalars(snapshot)` turns one snapshot into the scalars of the epoch this peer has just reached; the
+`SnapshotDiff` decides what is new since the last tick, so each thing is logged once at the step it belongs to:
+
+  on reaching an epoch E (step E)   lr, fp16 loss scale, throughput, swarm size, averaging totals, bytes,
+                                    the task's step metrics, CUDA memory: the state this epoch's steps run with
+  when epoch E's loss bucket closes loss_metrics/epoch_avg_loss at step E (mean over this peer's steps in E)
+  per averaging round               averaging/<kind>_* at the round's epoch
+  per evaluation                    eval/<metric> at the evaluated epoch
+  every tracking.log_every_steps    loss_metrics/recent_avg_loss on the local_step axis
+
+The functions read the snapshot's plain form (status/snapshot.py `Snapshot.to_dict()`, what the status socket
+serves); a key it does not carry (None, or metrics off for the network bytes) is simply not logged. The tick only
+puts records on the fan-out's queue: no backend runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterator, Optional
+
+from swarmd.daemon.extension import DaemonView, Extension
+
+__all__ = ["TrackingExtension", "SnapshotDiff", "epoch_scalars", "averaging_scalars", "evaluation_scalars"]
+
+logger = logging.getLogger("swarmd.tracking")
+
+_GIB = 1024**3
+_CLOSE_TIMEOUT = 20.0  # seconds for the backends to flush at shutdown (a wandb upload may take a while)
+
+
+def epoch_scalars(snapshot: dict[str, Any]) -> dict[str, float]:
+    """The scalars of the epoch `snapshot["local_epoch"]` (names in the style of torchtitan's metrics)."""
+    scalars: dict[str, float] = {}
+
+    def put(name: str, value) -> None:
+        if isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, (int, float)):
+            scalars[name] = float(value)
+
+    for index, lr in enumerate(snapshot.get("learning_rates") or []):
+        put(f"lr/group_{index}", lr)
+    put("loss_metrics/loss_scale", snapshot.get("loss_scale"))
+    put("loss_metrics/grad_norm", snapshot.get("grad_norm"))
+
+    put("throughput/local_samples_per_second", snapshot.get("samples_per_second"))
+    peers = snapshot.get("peers") or []
+    if peers:  # each peer's signed record (this one's included) carries its recent throughput
+        put("throughput/swarm_samples_per_second", sum(p.get("samples_per_second") or 0.0 for p in peers))
+    put("throughput/samples_total", snapshot.get("samples_total"))
+    put("throughput/steps_total", snapshot.get("steps_total"))
+
+    put("swarm/local_epoch", snapshot.get("local_epoch"))
+    put("swarm/global_epoch", snapshot.get("global_epoch"))
+    put("swarm/num_peers", snapshot.get("num_peers"))
+    put("swarm/num_clients", snapshot.get("num_clients"))
+    put("swarm/target_batch_size", snapshot.get("target_batch_size"))
+
+    for kind, outcomes in (snapshot.get("averaging") or {}).items():
+        for outcome, count in outcomes.items():
+            put(f"averaging/{kind}_{outcome}_total", count)
+    put("averaging/state_loads_total", snapshot.get("state_loads_total"))
+
+    network = snapshot.get("network") or {}
+    put("network/sent_bytes_total", network.get("sent_bytes"))
+    put("network/received_bytes_total", network.get("received_bytes"))
+
+    for name, value in (snapshot.get("step_metrics") or {}).items():
+        put(f"train_metrics/{name}", value)
+
+    for device in snapshot.get("cuda_memory") or []:
+        label = device.get("device", "cuda")
+        if device.get("allocated_bytes") is not None:
+            put(f"memory/{label}/allocated(GiB)", device["allocated_bytes"] / _GIB)
+        if device.get("reserved_bytes") is not None:
+            put(f"memory/{label}/reserved(GiB)", device["reserved_bytes"] / _GIB)
+    return scalars
+
+
+def averaging_scalars(round_: dict[str, Any]) -> dict[str, float]:
+    """One averaging round (an AveragingRound dict): did it succeed, how long, with how many."""
+    kind = round_["kind"]
+    return {
+        f"averaging/{kind}_success": 1.0 if round_.get("outcome") == "success" else 0.0,
+        f"averaging/{kind}_duration(s)": float(round_.get("duration_seconds") or 0.0),
+        f"averaging/{kind}_group_size": float(round_.get("group_size") or 0),
+    }
+
+
+def evaluation_scalars(evaluation: dict[str, Any]) -> dict[str, float]:
+    return {
+        f"eval/{name}": float(value)
+        for name, value in (evaluation.get("metrics") or {}).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+class SnapshotDiff:
+    """Remembers what was logged; `records(snapshot)` yields (scalars, step, axis) for what is new."""
+
+    def __init__(self, log_every_steps: int):
+        self.log_every_steps = log_every_steps
+        self._epoch: Optional[int] = None
+        self._loss_epoch: Optional[int] = None
+        self._round_time: Optional[float] = None
+        self._eval_epoch: Optional[int] = None
+        self._step_bucket: Optional[int] = None
+
+    def records(self, snapshot: dict[str, Any]) -> Iterator[tuple[dict[str, float], int, str]]:
+        epoch = snapshot.get("local_epoch")
+        if epoch is None or snapshot.get("state") != "training":
+            return
+        first = self._epoch is None
+        if epoch != self._epoch:
+            self._epoch = epoch
+            yield epoch_scalars(snapshot), epoch, "epoch"
+
+        # Loss buckets close on the worker's thread just after the epoch changes: take each as it appears.
+        for bucket_epoch, loss in snapshot.get("loss_history") or []:
+            if self._loss_epoch is None or bucket_epoch > self._loss_epoch:
+                self._loss_epoch = bucket_epoch
+                yield {"loss_metrics/epoch_avg_loss": float(loss)}, bucket_epoch, "epoch"
+
+        rounds = sorted(snapshot.get("recent_averaging") or [], key=lambda r: r.get("time") or 0.0)
+        for round_ in rounds:
+            if first or (self._round_time is not None and round_["time"] <= self._round_time):
+                continue  # on the first tick: history from before tracking started is in the totals already
+            yield averaging_scalars(round_), round_["epoch"], "epoch"
+        if rounds:
+            self._round_time = max(self._round_time or 0.0, rounds[-1]["time"])
+
+        evaluation = snapshot.get("evaluation")
+        if evaluation and evaluation.get("epoch") is not None and evaluation["epoch"] != self._eval_epoch:
+            self._eval_epoch = evaluation["epoch"]
+            scalars = evaluation_scalars(evaluation)
+            if scalars:
+                yield scalars, evaluation["epoch"], "epoch"
+
+        steps, loss = snapshot.get("steps_total") or 0, snapshot.get("loss")
+        if self.log_every_steps and loss is not None and steps:
+            bucket = steps // self.log_every_steps
+            if bucket != self._step_bucket:
+                self._step_bucket = bucket
+                yield {"loss_metrics/recent_avg_loss": float(loss)}, steps, "local_step"
+
+
+class TrackingExtension(Extension):
+    """Logs this peer's training to the configured backends; needs only the config and the snapshot."""
+
+    def __init__(self, config, backends=None):
+        from swarmd.tracking.backends import build_backends
+        from swarmd.tracking.base import LoggerFanout
+
+        self.fanout = LoggerFanout(build_backends(config) if backends is None else backends)
+        self.diff = SnapshotDiff(config.tracking.log_every_steps)
+
+    def ready(self, view: DaemonView) -> None:
+        # Not in start(): a daemon that fails to start leaves no empty runs behind.
+        self.fanout.start()
+
+    async def tick(self, view: DaemonView, snapshot) -> None:
+        self.observe(snapshot.to_dict())
+
+    def observe(self, snapshot: dict[str, Any]) -> None:
+        for scalars, step, axis in self.diff.records(snapshot):
+            self.fanout.log(scalars, step, axis)
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        from swarmd.status.snapshot import TrackingInfo
+
+        return {
+            "tracking": TrackingInfo(
+                backends=tuple(self.fanout.active),
+                failed=tuple(self.fanout.failed),
+                failures_total=self.fanout.failures_total,
+                dropped_total=self.fanout.dropped_total,
+            )
+        }
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.fanout.close, _CLOSE_TIMEOUT)
