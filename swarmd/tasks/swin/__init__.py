@@ -156,6 +156,13 @@ class SwinTask(Task):
 
         return data.evaluate(self, model)
 
+    def export_model(self, model, directory: Path) -> dict:
+        """timm's own layout (save_for_hf): model.safetensors and a config.json holding the architecture name and
+        the arguments that rebuild it, so `timm.create_model("local-dir:DIR", pretrained=True)` loads it."""
+        from swarmd.tasks.swin.model import export_for_timm
+
+        return export_for_timm(model, directory)
+
     @property
     def image_root(self) -> Optional[Path]:
         return self._root
