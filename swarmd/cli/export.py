@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -30,7 +31,8 @@ def export(
     from swarmd.config import load_config
     from swarmd.export import export_checkpoint
 
-    _quiet_progress_bars()
+    # transformers would draw a bar for each file it writes (read when it is imported); two lines report the export
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     flags = {"state_dir": state_dir} if state_dir is not None else {}
     cfg = load_config(config, flags=flags, assignments=assignments or [])
     result = export_checkpoint(cfg, output, checkpoint=checkpoint, force=force)
@@ -39,15 +41,6 @@ def export(
     print(f"Exported {result.checkpoint} (task {result.task}, global epoch {result.epoch}) to {result.output}")
     if result.load:
         print(f"Load it with: {result.load.replace('DIR', repr(str(result.output)))}")
-
-
-def _quiet_progress_bars() -> None:
-    """transformers draws a bar for each file it writes; the command reports the export in two lines."""
-    try:
-        from transformers.utils import logging as transformers_logging
-    except ImportError:  # a task that does not need transformers
-        return
-    transformers_logging.disable_progress_bar()
 
 
 def register(app: typer.Typer) -> None:
