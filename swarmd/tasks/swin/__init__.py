@@ -161,7 +161,9 @@ class SwinTask(Task):
         the arguments that rebuild it, so `timm.create_model("local-dir:DIR", pretrained=True)` loads it."""
         from swarmd.tasks.swin.model import export_for_timm
 
-        return export_for_timm(model, directory)
+        # explicit, so the architecture arguments are recorded whatever this timm records by itself
+        model_args = {key: list(v) if isinstance(v, tuple) else v for key, v in self.settings.model.overrides().items()}
+        return export_for_timm(model, directory, model_args={**model_args, "num_classes": self.num_classes})
 
     @property
     def image_root(self) -> Optional[Path]:

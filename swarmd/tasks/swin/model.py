@@ -35,13 +35,13 @@ def build_swin(settings, num_classes: int, device):
     return model
 
 
-def export_for_timm(model, directory: Path) -> dict:
+def export_for_timm(model, directory: Path, model_args: dict) -> dict:
     """model.safetensors + config.json as timm writes them for the hub; loadable by name and arguments too."""
     import json
 
     from timm.models import save_for_hf
 
-    save_for_hf(model, str(directory), safe_serialization=True)
+    save_for_hf(model, str(directory), model_args=model_args, safe_serialization=True)
     config = json.loads((directory / "config.json").read_text())
     return {
         "format": "timm",
