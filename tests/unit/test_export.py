@@ -1,6 +1,7 @@
 """`swarmd export`: a checkpoint becomes a directory that transformers, timm or safetensors load without swarmd,
 giving the outputs of the checkpoint's model; bad input is one line and exit code 2, and OUT is never half-written."""
 
+import errno
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from daemons import REPO, blocked_imports_env, run_cli
 from swarmd import __version__
 from swarmd.config import load_config
 from swarmd.daemon.checkpoint import CheckpointStore
-from swarmd.errors import ConfigError
+from swarmd.errors import ConfigError, SwarmdError
 from swarmd.export import CONFIG_FILE, METADATA_FILE, export_checkpoint
 from swarmd.tasks.base import TaskContext
 from swarmd.tasks.registry import resolve_task
@@ -140,12 +141,14 @@ def test_a_plugin_task_is_exported_by_the_default_and_the_command_line(tmp_path,
     assert json.loads((out / METADATA_FILE).read_text())["model"]["format"] == "safetensors"
 
     # --checkpoint picks an older one; --force replaces the previous export
+    (out / "stale.txt").write_text("from before")
     result = run_cli(
         "export", "--state-dir", str(tmp_path / "state"), "--config", str(config_file), "--output", str(out),
         "--checkpoint", older.name, "--force", env=test_tasks_env,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((out / METADATA_FILE).read_text())["global_epoch"] == 3
+    assert not (out / "stale.txt").exists()
 
 
 def one_line_error(result, code, text):
@@ -219,6 +222,27 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, test_ta
     assert result.checkpoint == good.name and "corrupt" in result.skipped[0]
     with pytest.raises(ConfigError, match=r"^--checkpoint: checkpoint .* is corrupt"):
         export_checkpoint(config, tmp_path / "other", checkpoint=damaged.name)
+
+
+def test_a_failed_export_leaves_the_output_as_it_was(tmp_path, test_tasks_env, monkeypatch):
+    monkeypatch.syspath_prepend(test_tasks_env["PYTHONPATH"].split(":")[0])
+    config_file = tmp_path / "toy.yaml"
+    config_file.write_text("run_id: toy-export\ntask: {name: toy-regression, hidden: 8}\n")
+    config = load_config(config_file, environ={}, flags={"state_dir": str(tmp_path / "state")})
+    task, _, _ = trained_checkpoint(config)
+
+    def disk_full(self, model, directory):
+        (directory / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(task), "export_model", disk_full)
+    out = tmp_path / "exports" / "out"
+    out.mkdir(parents=True)
+    (out / "previous.txt").write_text("the previous export")
+    with pytest.raises(SwarmdError, match=r"^could not write the export to .*out: \[Errno 28\] No space left on device$"):
+        export_checkpoint(config, out, force=True)
+    assert [p.name for p in (tmp_path / "exports").iterdir()] == ["out"]  # no staging folder left behind
+    assert [p.name for p in out.iterdir()] == ["previous.txt"]
 
 
 def test_export_help_imports_no_torch(tmp_path):
