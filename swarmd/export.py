@@ -51,7 +51,7 @@ def export_checkpoint(config, output: Path, *, checkpoint: Optional[str] = None,
     checkpoint, a config of another task, run or model, an output in the way), SwarmdError when writing fails.
     """
     output = Path(output).expanduser().absolute()
-    _check_output(output, force)  # before the slow part
+    _check_output(output, force, config.state_path)  # before the slow part
     found, skipped = _load_checkpoint(config.state_path, checkpoint)
     _check_identity(found, config)
     task, model = _rebuild(config, found)
@@ -224,7 +224,11 @@ def _utc(timestamp: Optional[float]) -> Optional[str]:
 # --- writing it atomically -----------------------------------------------------------------------------------
 
 
-def _check_output(output: Path, force: bool) -> None:
+def _check_output(output: Path, force: bool, state_dir: Path) -> None:
+    checkpoints, target = (state_dir / "checkpoints").resolve(), output.resolve()
+    if target == checkpoints or target in checkpoints.parents or checkpoints in target.parents:
+        # --force would replace the checkpoints (or the whole state dir, identity included) with the export
+        raise ConfigError(f"--output: {output} overlaps the state dir's checkpoints ({checkpoints}); pick another path")
     if not (output.exists() or output.is_symlink()):
         return
     if not output.is_dir():

@@ -12,12 +12,16 @@ __all__ = ["register"]
 
 
 def export(
-    output: str = typer.Option(..., "--output", "-o", help="Directory to write (created; must be empty unless --force)."),
+    output: str = typer.Option(
+        ..., "--output", "-o", help="Directory to write (created; must be empty unless --force)."
+    ),
     state_dir: Optional[str] = typer.Option(
         None, "--state-dir", help="The peer's state dir, whose checkpoints/ to read (default: the config's state_dir)."
     ),
     checkpoint: Optional[str] = typer.Option(
-        None, "--checkpoint", help="A checkpoint folder name, e.g. epoch-00000012-20261129T170501.123Z (default: the newest that verifies)."
+        None,
+        "--checkpoint",
+        help="A checkpoint folder name, e.g. epoch-00000012-20261129T170501.123Z (default: the newest that verifies).",
     ),
     config: Optional[str] = typer.Option(
         None, "--config", "-c", help="The config the run was trained with (checked against the checkpoint)."

@@ -173,6 +173,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, test_tasks_env):
     (out / "keep.txt").write_text("mine")
     one_line_error(export("--output", str(out)), 2, "is not empty; pick another directory, or pass --force")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    for inside in (state, state / "checkpoints" / "x"):  # --force must never replace the checkpoints
+        one_line_error(export("--output", str(inside), "--force"), 2, "overlaps the state dir's checkpoints")
+    assert list(state.iterdir()) == []
 
 
 def test_a_config_of_another_task_run_or_model_is_refused(tmp_path, test_tasks_env, monkeypatch):
@@ -239,7 +242,7 @@ def test_a_failed_export_leaves_the_output_as_it_was(tmp_path, test_tasks_env, m
     out = tmp_path / "exports" / "out"
     out.mkdir(parents=True)
     (out / "previous.txt").write_text("the previous export")
-    with pytest.raises(SwarmdError, match=r"^could not write the export to .*out: \[Errno 28\] No space left on device$"):
+    with pytest.raises(SwarmdError, match=r"^could not write the export to .*out: \[Errno 28\] No space left on device"):
         export_checkpoint(config, out, force=True)
     assert [p.name for p in (tmp_path / "exports").iterdir()] == ["out"]  # no staging folder left behind
     assert [p.name for p in out.iterdir()] == ["previous.txt"]
