@@ -242,7 +242,7 @@ def test_a_failed_export_leaves_the_output_as_it_was(tmp_path, test_tasks_env, m
     out = tmp_path / "exports" / "out"
     out.mkdir(parents=True)
     (out / "previous.txt").write_text("the previous export")
-    with pytest.raises(SwarmdError, match=r"^could not write the export to .*out: \[Errno 28\] No space left on device"):
+    with pytest.raises(SwarmdError, match=r"^could not write the export to .*out: \[Errno 28\] No space left on dev"):
         export_checkpoint(config, out, force=True)
     assert [p.name for p in (tmp_path / "exports").iterdir()] == ["out"]  # no staging folder left behind
     assert [p.name for p in out.iterdir()] == ["previous.txt"]
