@@ -35,7 +35,7 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, join, prepare, service, status, tasks
+    from swarmd.cli import config_cmd, export, join, prepare, service, status, tasks
 
     join.register(app)
     status.register(app)
@@ -43,6 +43,7 @@ def _register() -> None:
     app.add_typer(service.app, name="service")
     tasks.register(app)
     app.add_typer(prepare.app, name="prepare")
+    export.register(app)
 
 
 _register()

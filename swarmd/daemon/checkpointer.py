@@ -64,13 +64,16 @@ class Checkpointer:
 
     # --- saving --------------------------------------------------------------------------------------------
 
-    def save(self, model, optimizer) -> None:
-        """Capture and write a checkpoint; a failure is logged and counted, the previous checkpoint stays."""
+    def save(self, model, optimizer, *, details: Optional[dict] = None) -> None:
+        """Capture and write a checkpoint; a failure is logged and counted, the previous checkpoint stays.
+
+        `details`: more for the manifest (e.g. the last evaluation, which `swarmd export` reports)."""
         from swarmd.daemon.checkpoint import CheckpointError
         from swarmd.daemon.restore import capture_state
 
         model_state, optimizer_state, epoch = capture_state(model, optimizer)
         info = {"run_id": self.run_id, "task": self.task, "peer_id": self.peer_id, "swarmd_version": __version__}
+        info.update(details or {})
         try:
             path = self.store.save(model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info=info)
         except CheckpointError as e:

@@ -207,7 +207,9 @@ class Daemon:
         runtime = self.runtime
         save = None
         if self.checkpointer is not None:
-            save = lambda: self.checkpointer.save(runtime.model, runtime.optimizer)  # noqa: E731
+            save = lambda: self.checkpointer.save(  # noqa: E731
+                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report())
+            )
         worker = TrainingWorker(
             task=runtime.task,
             model=runtime.model,
@@ -341,6 +343,14 @@ class Daemon:
     def _check_stop(self) -> None:
         if self._signals.requested.is_set():
             raise _StopDuringStartup()
+
+
+def _checkpoint_details(report) -> dict:
+    """What `swarmd export` reads from a checkpoint's manifest besides the weights."""
+    if report.evaluation is None:
+        return {}
+    epoch, metrics = report.evaluation
+    return {"last_evaluation": {"epoch": epoch, **metrics}}
 
 
 def _guarded(hook, *args):

@@ -126,3 +126,24 @@ class Task(ABC):
     def extra_tensors(self, model: "torch.nn.Module") -> list["torch.Tensor"]:
         """Buffers to average and share with the parameters (e.g. BatchNorm running stats)."""
         return []
+
+    def export_model(self, model: "torch.nn.Module", directory: Path) -> dict[str, Any]:
+        """Write the trained `model` into `directory` in the form people load it with outside swarmd.
+
+        `swarmd export` calls it after `prepare()` and `build_model()`, with the checkpoint's weights loaded, the
+        model on the CPU in eval mode, and `directory` empty. It then adds swarmd-config.yaml and
+        swarmd-export.json (names a task must not use). Return what goes under "model" in swarmd-export.json:
+        at least "format" and "load", a Python expression that loads the result, with DIR for the directory.
+
+        Default: the weights as model.safetensors (tied tensors stored once; safetensors.torch.load_model puts
+        them back). Override it to write a library's own layout (ALBERT: save_pretrained; Swin: timm's).
+        """
+        from safetensors.torch import save_model
+
+        save_model(model, str(directory / "model.safetensors"))
+        return {
+            "format": "safetensors",
+            "files": ["model.safetensors"],
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "load": "safetensors.torch.load_model(model, DIR + '/model.safetensors')  # model: built as the task does",
+        }

@@ -165,3 +165,14 @@ class AlbertTask(Task):
         from swarmd.tasks.albert import data
 
         return data.evaluate(self, model)
+
+    def export_model(self, model, directory: Path) -> dict:
+        """The Hugging Face layout: save_pretrained's config.json and weights, and the tokenizer it trained with."""
+        model.save_pretrained(str(directory), safe_serialization=True)
+        self.prepared.tokenizer().save_pretrained(str(directory))
+        return {
+            "format": "transformers",
+            "class": "transformers.AlbertForPreTraining",
+            "load": "transformers.AlbertForPreTraining.from_pretrained(DIR)",
+            "tokenizer": "transformers.AutoTokenizer.from_pretrained(DIR)",
+        }

@@ -170,6 +170,15 @@ class SwinTask(Task):
 
         return data.evaluate(self, model)
 
+    def export_model(self, model, directory: Path) -> dict:
+        """timm's own layout (save_for_hf): model.safetensors and a config.json holding the architecture name and
+        the arguments that rebuild it, so `timm.create_model("local-dir:DIR", pretrained=True)` loads it."""
+        from swarmd.tasks.swin.model import export_for_timm
+
+        # explicit, so the architecture arguments are recorded whatever this timm records by itself
+        model_args = {key: list(v) if isinstance(v, tuple) else v for key, v in self.settings.model.overrides().items()}
+        return export_for_timm(model, directory, model_args={**model_args, "num_classes": self.num_classes})
+
     @property
     def image_root(self) -> Optional[Path]:
         return self._root

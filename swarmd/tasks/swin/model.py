@@ -6,7 +6,7 @@ from pathlib import Path
 
 from swarmd.errors import ConfigError
 
-__all__ = ["build_swin"]
+__all__ = ["build_swin", "export_for_timm"]
 
 
 def build_swin(settings, num_classes: int, device):
@@ -33,3 +33,23 @@ def build_swin(settings, num_classes: int, device):
     if settings.channels_last and torch.device(device).type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def export_for_timm(model, directory: Path, model_args: dict) -> dict:
+    """model.safetensors + config.json as timm writes them for the hub; loadable by name and arguments too."""
+    import json
+
+    from timm.models import save_for_hf
+
+    save_for_hf(model, str(directory), model_args=model_args, safe_serialization=True)
+    config = json.loads((directory / "config.json").read_text())
+    return {
+        "format": "timm",
+        "architecture": config["architecture"],
+        "model_args": config.get("model_args", {}),
+        "load": 'timm.create_model("local-dir:" + DIR, pretrained=True)',
+        "load_by_name": (
+            "timm.create_model(architecture, **model_args), then "
+            "model.load_state_dict(safetensors.torch.load_file(DIR + '/model.safetensors'))"
+        ),
+    }
