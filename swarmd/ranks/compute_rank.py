@@ -1,0 +1,172 @@
+"""The main loop of a compute rank (rank >= 1): build the task and model, then step when rank 0 says so.
+
+A compute rank has no DHT, no p2pd, no hivemind at all: it never imports hivemind. It builds the task and the
+model from the same validated config and init seed as rank 0, joins the process group, and then, until rank 0
+says stop: receive the control (and the parameters when rank 0's changed), compute forward and backward on its
+own shard of the data (seed: swarmd.ranks.layout.rank_data_seed), average the gradients with the other ranks.
+
+Spawned by the daemon (swarmd.ranks.group.RankGroup) as `python -m swarmd.ranks.compute_rank SPEC RANK`. It
+ignores SIGINT and SIGTERM: rank 0 stops it in order, and it gets SIGKILL if rank 0 dies (PR_SET_PDEATHSIG).
+Exit codes: 0 stopped by rank 0, 1 failed (one line naming the rank and device first), 2 configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swarmd.errors import ConfigError, ExitCode
+
+__all__ = ["main", "run_compute_rank"]
+
+logger = logging.getLogger("swarmd.ranks")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m swarmd.ranks.compute_rank SPEC_JSON RANK (started by the swarmd daemon)", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    # Before anything slow: rank 0 orders the stop, so the signals systemd or a terminal send to all are ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
+    rank = int(argv[1])
+    device = spec["devices"][rank]
+
+    from swarmd.config.loader import load_config
+    from swarmd.logs import configure_logging
+
+    try:
+        config = load_config(spec["config_path"], environ={})
+    except ConfigError as e:
+        print(f"swarmd: rank {rank} ({device}): {e}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    configure_logging(config.logging.level, config.logging.format)
+
+    def join_group() -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = dist.FileStore(spec["store"], len(spec["devices"]))
+        dist.init_process_group(
+            spec["backend"],
+            store=store,
+            rank=rank,
+            world_size=len(spec["devices"]),
+            timeout=timedelta(seconds=spec["timeout"]),
+        )
+        dist.barrier()
+
+    return run_compute_rank(
+        config,
+        rank=rank,
+        world_size=len(spec["devices"]),
+        device=device,
+        join_group=join_group,
+        init_seed=spec["init_seed"],
+        data_seed=spec["data_seed"],
+        verify_every=spec["verify_every"],
+        threads=spec["threads"],
+    )
+
+
+def run_compute_rank(
+    config,
+    *,
+    rank: int,
+    world_size: int,
+    device: str,
+    join_group: Callable[[], None],
+    init_seed: int,
+    data_seed: int,
+    verify_every: int,
+    threads: int = 0,
+) -> int:
+    """Build, join, step until stopped. `join_group` initialises torch.distributed (a FileStore when the daemon
+    spawned this rank, env:// under torchrun). Returns the exit code."""
+    where = f"rank {rank} ({device})"
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from swarmd.ranks.layout import rank_data_seed
+        from swarmd.ranks.step_sync import StepSync
+        from swarmd.tasks.base import TaskContext
+        from swarmd.tasks.registry import resolve_task
+        from swarmd.worker.precision import make_precision
+
+        if threads:
+            torch.set_num_threads(threads)
+        torch_device = torch.device(device)
+        if torch_device.type == "cuda":
+            torch.cuda.set_device(torch_device)
+        training = config.training
+        task = resolve_task(config.task.name)(
+            config.task.settings,
+            TaskContext(
+                state_dir=config.state_path,
+                device=torch_device,
+                precision=training.precision,
+                batch_size=training.batch_size,
+                seed=init_seed,
+            ),
+        )
+        task.prepare()
+        torch.manual_seed(init_seed)
+        model = task.build_model().to(torch_device)
+        model.train()
+        # autocast only: the loss scale comes from rank 0 with every step (reuse_grad_buffers=False keeps
+        # hivemind's GradScaler, and so hivemind, out of this process)
+        precision = make_precision(training.precision, model=model, device=torch_device, reuse_grad_buffers=False)
+        join_group()
+        sync = StepSync(model, rank=rank, world_size=world_size, device=torch_device, verify_every=verify_every)
+        logger.info("%s ready: %d parameters, batch %d", where, sum(p.numel() for p in model.parameters()), training.batch_size)
+
+        batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))
+        epoch = None
+        while True:
+            control = sync.follow()
+            if control is None:
+                break
+            if control.epoch != epoch:
+                epoch = control.epoch
+                task.set_epoch(epoch)
+            batch = _to_device(next(batches), torch_device)
+            with precision.autocast():
+                output = task.training_step(model, batch)
+            loss = output.loss
+            (loss * control.loss_scale if control.loss_scale != 1.0 else loss).backward()
+            sync.average_gradients(samples=output.batch_size, loss=float(loss.detach().float().item()))
+        logger.info("%s stopped after %d steps", where, sync.steps_total)
+        dist.destroy_process_group()
+        return int(ExitCode.OK)
+    except ConfigError as e:
+        logger.error("%s: %s", where, e)
+        return int(ExitCode.USAGE)
+    except Exception as e:  # noqa: BLE001 - one line for rank 0's log, the traceback for the report
+        logger.exception("%s failed: %s", where, e)
+        return int(ExitCode.FAILURE)
+
+
+def _to_device(batch: Any, device) -> Any:
+    """Tensors in (nested) batches to the device: the worker's move_to_device, which this process cannot import
+    without hivemind (swarmd.worker.trainer imports it)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(value, device) for value in batch)
+    return batch
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
