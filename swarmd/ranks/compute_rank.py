@@ -22,7 +22,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError, ExitCode
 
-__all__ = ["main", "run_compute_rank"]
+__all__ = ["main", "load_rank_config", "run_compute_rank"]
 
 logger = logging.getLogger("swarmd.ranks")
 
@@ -38,11 +38,10 @@ def main(argv: list[str]) -> int:
     rank = int(argv[1])
     device = spec["devices"][rank]
 
-    from swarmd.config.loader import load_config
     from swarmd.logs import configure_logging
 
     try:
-        config = load_config(spec["config_path"], environ={})
+        config = load_rank_config(spec["config_path"])
     except ConfigError as e:
         print(f"swarmd: rank {rank} ({device}): {e}", file=sys.stderr)
         return int(ExitCode.USAGE)
@@ -74,6 +73,15 @@ def main(argv: list[str]) -> int:
         verify_every=spec["verify_every"],
         threads=spec["threads"],
     )
+
+
+def load_rank_config(path: str):
+    """The daemon's effective config (SwarmdConfig.to_dict() as JSON), validated again in this process. Not through
+    the YAML reader: YAML 1.1 reads JSON's 1e-08 as a string."""
+    from swarmd.config.loader import load_config
+
+    data = json.loads(Path(path).read_text())
+    return load_config(None, environ={}, flags=data)  # top-level keys as the highest layer: exactly this config
 
 
 def run_compute_rank(

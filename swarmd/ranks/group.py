@@ -101,7 +101,7 @@ class RankGroup:
     def start(self) -> None:
         """Spawn the compute ranks. Call on the main thread: a child is tied to the THREAD that forked it."""
         self._rendezvous = Path(tempfile.mkdtemp(prefix="ranks-", dir=self.workdir))
-        config_path = self._rendezvous / "config.json"  # JSON is YAML: the ranks read it with load_config
+        config_path = self._rendezvous / "config.json"  # read back by compute_rank.load_rank_config
         config_path.write_text(json.dumps(self.config_data))
         spec = {
             "config_path": str(config_path),
