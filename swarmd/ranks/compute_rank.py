@@ -52,7 +52,10 @@ def main(argv: list[str]) -> int:
 
         import torch.distributed as dist
 
+        from swarmd.ranks.group import ready_key
+
         store = dist.FileStore(spec["store"], len(spec["devices"]))
+        store.set(ready_key(rank), "1")
         dist.init_process_group(
             spec["backend"],
             store=store,

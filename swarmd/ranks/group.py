@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from swarmd.ranks.step_sync import RankFailure
 
-__all__ = ["RankGroup", "rank_timeouts", "COMPUTE_BOUND_SECONDS"]
+__all__ = ["RankGroup", "rank_timeouts", "ready_key", "COMPUTE_BOUND_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ COMPUTE_BOUND_SECONDS = 300.0
 _EVALUATION_SECONDS = 1800.0
 _CHECKPOINT_SECONDS = 600.0
 _POLL_SECONDS = 0.1
+
+
+def ready_key(rank: int) -> str:
+    """Set in the rendezvous store by a compute rank that built its model and is joining the group."""
+    return f"swarmd/ready/{rank}"
 
 
 def rank_timeouts(config) -> tuple[float, float]:
@@ -144,11 +149,21 @@ class RankGroup:
             raise RuntimeError("RankGroup.connect() before start()")
         if self.backend == "nccl":
             torch.cuda.set_device(torch.device(self.devices[0]))
+        deadline = time.monotonic() + timeout
+        # Wait here, watching the children, until each has built its model and says so in the store: the process
+        # group's own timeout is the (shorter) bound of one collective, not of a rank's start-up.
+        store = dist.FileStore(str(self._rendezvous / "store"), self.world_size)
+        waiting = {rank: ready_key(rank) for rank in self._processes}
+        while waiting:
+            self._check_start(deadline, timeout)
+            for rank, key in list(waiting.items()):
+                if store.check([key]):
+                    del waiting[rank]
+            time.sleep(_POLL_SECONDS)
         failure: list[BaseException] = []
 
         def init() -> None:
             try:
-                store = dist.FileStore(str(self._rendezvous / "store"), self.world_size)
                 dist.init_process_group(
                     self.backend,
                     store=store,
@@ -162,21 +177,23 @@ class RankGroup:
 
         thread = threading.Thread(target=init, name="swarmd-ranks-connect", daemon=True)
         thread.start()
-        deadline = time.monotonic() + timeout
         while thread.is_alive():
-            dead = self.dead_rank()
-            if dead:
-                raise RankFailure(f"{dead} before it joined the process group")
-            if time.monotonic() > deadline:
-                raise RankFailure(
-                    f"the compute ranks ({', '.join(self._describe(r) for r in self._processes)}) did not all "
-                    f"join the process group within {timeout:.0f} s"
-                )
+            self._check_start(deadline, timeout)
             thread.join(_POLL_SECONDS)
         if failure:
             raise RankFailure(f"rank 0 ({self.devices[0]}) could not join the process group: {failure[0]}")
         self._connected = True
         logger.info("Process group of %d ranks ready (%s): %s", self.world_size, self.backend, ", ".join(self.devices))
+
+    def _check_start(self, deadline: float, timeout: float) -> None:
+        dead = self.dead_rank()
+        if dead:
+            raise RankFailure(f"{dead} before it joined the process group")
+        if time.monotonic() > deadline:
+            raise RankFailure(
+                f"the compute ranks ({', '.join(self._describe(r) for r in self._processes)}) did not all "
+                f"join the process group within {timeout:.0f} s"
+            )
 
     # --- watch ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,299 @@
+"""Ranks inside one peer, at the component level: this test process is rank 0 (as the daemon will be) and owns a
+real compute rank (`python -m swarmd.ranks.compute_rank`) on the CPU over gloo, training the toy-regression task.
+
+- two ranks x batch b compute the same mean gradient, and reach the same parameters after K SGD steps, as one
+  rank x batch 2b on the same rows;
+- a change of rank 0's parameters reaches the other rank before its next step; an unannounced one is caught by
+  the checksum and repaired;
+- a rank killed with SIGKILL is named with its device within seconds, rank 0's collective fails instead of
+  hanging, and no process is left; a hung rank times out; ranks die with rank 0 even when it is SIGKILLed.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmd.config import load_config
+from swarmd.ranks.group import RankGroup
+from swarmd.ranks.layout import rank_data_seed
+from swarmd.ranks.step_sync import RankFailure, StepSync
+from swarmd.tasks.base import TaskContext
+
+BATCH = 8
+INIT_SEED, DATA_SEED = 11, 4242
+CONNECT_TIMEOUT = 180  # a compute rank imports torch and builds the task first: slow on a loaded 2-core box
+
+
+def toy_config(state_dir: Path, **training):
+    return load_config(
+        environ={},
+        flags={
+            "task.name": "toy-regression",
+            "task.samples": 512,
+            "state_dir": str(state_dir),
+            "training.batch_size": BATCH,
+            "training.devices": ["cpu", "cpu"],
+            **{f"training.{key}": value for key, value in training.items()},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def plugin_site(test_tasks_env):
+    """The toy task importable here too (rank 0 builds it in this process)."""
+    site = test_tasks_env["PYTHONPATH"].split(os.pathsep)[0]
+    sys.path.insert(0, site)
+    yield test_tasks_env
+    sys.path.remove(site)
+
+
+class Rank0:
+    """What the training worker will do on rank 0, with plain SGD standing in for hivemind.Optimizer."""
+
+    def __init__(self, config, group: RankGroup, *, verify_every: int):
+        self.task = self._task(config)
+        torch.manual_seed(INIT_SEED)
+        self.model = self.task.build_model()
+        self.sync = StepSync(
+            self.model, rank=0, world_size=2, device=torch.device("cpu"), verify_every=verify_every,
+            describe_failure=group.dead_rank,
+        )
+        self.batches = iter(self.task.train_batches(rank_data_seed(DATA_SEED, 0)))
+        # rank 1 reads its own shard; this mirror of it (same task, same seed) lets the test compute the reference
+        self.rank1_batches = iter(self._task(config).train_batches(rank_data_seed(DATA_SEED, 1)))
+        self.version = 0
+
+    @staticmethod
+    def _task(config):
+        from swarmd.tasks.registry import resolve_task
+
+        task = resolve_task("toy-regression")(
+            config.task.settings,
+            TaskContext(state_dir=config.state_path, device=torch.device("cpu"), precision="fp32", batch_size=BATCH, seed=INIT_SEED),
+        )
+        task.prepare()
+        return task
+
+    def step(self):
+        """One local step of the peer; returns the averaged gradients, the totals, and the peer's rows."""
+        self.sync.lead(params_version=self.version)
+        x0, y0 = next(self.batches)
+        x1, y1 = next(self.rank1_batches)
+        loss = torch.nn.functional.mse_loss(self.model(x0), y0)
+        loss.backward()
+        totals = self.sync.average_gradients(samples=BATCH, loss=loss.item())
+        grads = [p.grad.clone() for p in self.model.parameters()]
+        for p in self.model.parameters():
+            p.grad = None  # what the worker does after hivemind's step (reuse_grad_buffers: false)
+        return grads, totals, (torch.cat([x0, x1]), torch.cat([y0, y1]))
+
+
+def reference_grads(model, rows):
+    """One rank x batch 2b: the gradient of the mean loss over both ranks' rows."""
+    x, y = rows
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def same(a, b, tol=1e-6):
+    return all(torch.allclose(x, y, rtol=1e-5, atol=tol) for x, y in zip(a, b))
+
+
+def start_group(config, env, *, verify_every=100, leader_timeout=60.0) -> RankGroup:
+    group = RankGroup(
+        devices=["cpu", "cpu"], config_data=config.to_dict(), workdir=config.state_path, init_seed=INIT_SEED,
+        data_seed=DATA_SEED, verify_every=verify_every, leader_timeout=leader_timeout, follower_timeout=120.0,
+        threads=1, env=env,
+    )
+    group.start()
+    try:
+        group.connect(CONNECT_TIMEOUT)
+    except BaseException:
+        group.close(0)
+        raise
+    return group
+
+
+@pytest.fixture(scope="module")
+def peer(plugin_site, tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("ranks-peer")
+    config = toy_config(state_dir)
+    group = start_group(config, plugin_site, verify_every=4)
+    rank0 = Rank0(config, group, verify_every=4)
+    yield rank0, group
+    if group.dead_rank() is None:
+        try:
+            rank0.sync.lead_stop()
+        except RankFailure:
+            pass
+    group.close(10)
+
+
+def test_two_ranks_of_batch_b_follow_one_rank_of_batch_2b(peer):
+    rank0, group = peer
+    torch.manual_seed(INIT_SEED)
+    reference = rank0.task.build_model()
+    reference.load_state_dict(rank0.model.state_dict())
+    optimizer = torch.optim.SGD(rank0.model.parameters(), lr=0.2)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.2)
+    for _ in range(5):
+        grads, totals, rows = rank0.step()
+        expected = reference_grads(reference, rows)
+        assert same(grads, expected), "the averaged gradient is not the 2b-batch gradient"
+        assert totals.samples == 2 * BATCH  # what rank 0 reports to hivemind
+        assert [r.samples for r in totals.ranks] == [BATCH, BATCH]
+        with torch.no_grad():
+            loss = torch.nn.functional.mse_loss(reference(rows[0]), rows[1]).item()
+        assert totals.loss == pytest.approx(loss, rel=1e-5)
+        for p, g in zip(rank0.model.parameters(), grads):
+            p.grad = g
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        for p, g in zip(reference.parameters(), expected):
+            p.grad = g
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+        rank0.version += 1  # SGD changed rank 0's parameters: announce it, rank 1 gets them before its next step
+    assert same(list(rank0.model.parameters()), list(reference.parameters()))
+    assert group.dead_rank() is None
+
+
+def test_a_change_on_rank_0_reaches_rank_1_before_its_next_step(peer):
+    rank0, _ = peer
+    with torch.no_grad():
+        for p in rank0.model.parameters():
+            p.add_(0.3)  # e.g. a state download or an averaged state
+    rank0.version += 1
+    sent = rank0.sync.broadcasts_total
+    grads, _, rows = rank0.step()
+    assert rank0.sync.broadcasts_total == sent + 1
+    assert same(grads, reference_grads(rank0.model, rows)), "rank 1 computed with stale parameters"
+
+
+def test_an_unannounced_change_is_caught_by_the_checksum_and_repaired(peer):
+    rank0, _ = peer
+    with torch.no_grad():
+        for p in rank0.model.parameters():
+            p.mul_(0.5)  # no version bump: the ranks are not told
+    repairs = rank0.sync.repairs_total
+    stale_steps = 0
+    while rank0.sync.repairs_total == repairs:
+        assert stale_steps < rank0.sync.verify_every, "no checksum within verify_every steps"
+        grads, _, rows = rank0.step()
+        if rank0.sync.repairs_total == repairs:
+            stale_steps += 1
+            assert not same(grads, reference_grads(rank0.model, rows)), "rank 1 should still hold the old parameters"
+    # the repair happened before this step's compute: rank 1 already used rank 0's parameters
+    assert same(grads, reference_grads(rank0.model, rows))
+    grads, _, rows = rank0.step()
+    assert same(grads, reference_grads(rank0.model, rows))
+    assert rank0.sync.repairs_total == repairs + 1
+
+
+def test_stop_ends_every_rank_cleanly(peer):
+    rank0, group = peer
+    pids = group.pids
+    rank0.sync.lead_stop()
+    assert group.close(30) is True  # every rank exited by itself with code 0
+    assert not any(alive(pid) for pid in pids)
+
+
+# --- faults ----------------------------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_rank_is_named_within_seconds_and_nothing_is_left(plugin_site, tmp_path):
+    config = toy_config(tmp_path)
+    group = start_group(config, plugin_site)
+    try:
+        rank0 = Rank0(config, group, verify_every=100)
+        rank0.step()
+        (pid,) = group.pids
+        os.kill(pid, signal.SIGKILL)
+        started = time.monotonic()
+        while group.dead_rank() is None and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        assert group.dead_rank() == "rank 1 (cpu) was killed by SIGKILL"
+        # rank 0's next collective fails with that line instead of hanging
+        started = time.monotonic()
+        with pytest.raises(RankFailure, match=r"^rank 1 \(cpu\) was killed by SIGKILL$"):
+            rank0.step()
+        assert time.monotonic() - started < 30
+    finally:
+        assert group.close(5) is False  # a rank died: not a clean stop
+    assert not alive(pid)
+    from swarmd.swarm.children import descendant_pids
+
+    assert pid not in descendant_pids()
+
+
+def test_a_hung_rank_times_out_instead_of_blocking_rank_0(plugin_site, tmp_path):
+    config = toy_config(tmp_path)
+    group = start_group(config, plugin_site, leader_timeout=5.0)
+    (pid,) = group.pids
+    try:
+        rank0 = Rank0(config, group, verify_every=100)
+        rank0.step()
+        os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
+        started = time.monotonic()
+        with pytest.raises(RankFailure, match=r"with the other ranks failed"):
+            rank0.step()
+        assert time.monotonic() - started < 30
+        assert group.dead_rank() is None  # not dead: hung (systemd's watchdog sees the stalled step)
+    finally:
+        group.close(1)  # SIGKILL reaches a stopped process
+    assert not alive(pid)
+
+
+RANK0_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from pathlib import Path
+    import test_ranks as t
+
+    config = t.toy_config(Path(sys.argv[1]))
+    group = t.start_group(config, {})
+    print(" ".join(map(str, group.pids)), flush=True)
+    sys.stdin.read()  # until the test kills this process
+    """
+)
+
+
+def test_compute_ranks_die_with_a_sigkilled_rank_0(plugin_site, tmp_path):
+    env = {**os.environ, **plugin_site}
+    process = subprocess.Popen(
+        [sys.executable, "-c", RANK0_SCRIPT, str(tmp_path), str(Path(__file__).parent)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.strip(), "rank 0 did not start its group"
+        pids = [int(pid) for pid in line.split()]
+        assert all(alive(pid) for pid in pids)
+        process.kill()
+        process.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids), "a compute rank outlived rank 0"
+    finally:
+        process.kill()
+        process.wait(10)
