@@ -210,7 +210,7 @@ class StepSync:
         self._collective("gathering step stats", lambda: self._all_gather(gathered, mine))
         rows = torch.stack(gathered).cpu().tolist()
         total = sum(row[0] for row in rows)
-        weight = samples / total if total else 1.0 / self.world_size
+        weight = samples / total if total else 0.0  # no samples anywhere: nothing to average
         self._all_reduce_grads(weight)
         return StepTotals(
             samples=int(total),

@@ -200,6 +200,38 @@ def test_an_unannounced_change_is_caught_by_the_checksum_and_repaired(peer):
     assert rank0.sync.repairs_total == repairs + 1
 
 
+def test_with_reuse_grad_buffers_the_ranks_accumulate_like_rank_0(peer):
+    """hivemind's reuse_grad_buffers keeps .grad across local steps; rank 1 must add each step's mean to the same sum."""
+    rank0, _ = peer
+    rank0.version += 1
+    expected = None
+    for _ in range(3):
+        rank0.sync.lead(params_version=rank0.version)
+        x0, y0 = next(rank0.batches)
+        x1, y1 = next(rank0.rank1_batches)
+        loss = torch.nn.functional.mse_loss(rank0.model(x0), y0)
+        loss.backward()  # into the .grad that still holds the previous steps' mean
+        rank0.sync.average_gradients(samples=BATCH, loss=loss.item())
+        step_grads = reference_grads_keeping(rank0.model, (torch.cat([x0, x1]), torch.cat([y0, y1])))
+        expected = step_grads if expected is None else [e + g for e, g in zip(expected, step_grads)]
+        assert same([p.grad for p in rank0.model.parameters()], expected, tol=1e-5)
+    for p in rank0.model.parameters():
+        p.grad.zero_()  # hivemind's reset after the global step: zeros in place, which rank 0 announces
+    grads, _, rows = rank0.step()
+    assert same(grads, reference_grads(rank0.model, rows))
+
+
+def reference_grads_keeping(model, rows):
+    """reference_grads without disturbing the model's accumulated .grad."""
+    kept = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    grads = reference_grads(model, rows)
+    for p, g in zip(model.parameters(), kept):
+        p.grad = g
+    return grads
+
+
 def test_stop_ends_every_rank_cleanly(peer):
     rank0, group = peer
     pids = group.pids
