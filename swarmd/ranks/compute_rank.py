@@ -22,7 +22,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError, ExitCode
 
-__all__ = ["main", "load_rank_config", "run_compute_rank"]
+__all__ = ["main", "load_rank_config", "run_compute_rank", "run_torchrun_rank"]
 
 logger = logging.getLogger("swarmd.ranks")
 
@@ -72,8 +72,6 @@ def main(argv: list[str]) -> int:
         device=device,
         join_group=join_group,
         init_seed=spec["init_seed"],
-        data_seed=spec["data_seed"],
-        verify_every=spec["verify_every"],
         threads=spec["threads"],
     )
 
@@ -87,6 +85,45 @@ def load_rank_config(path: str):
     return load_config(None, environ={}, flags=data)  # top-level keys as the highest layer: exactly this config
 
 
+def run_torchrun_rank(config, place, environ) -> int:
+    """A rank >= 1 that torchrun started (`swarmd join` dispatches here when RANK is not 0): the same loop, joined
+    through torchrun's rendezvous. It keeps torchrun's signals: torchrun's agent stops it."""
+    from datetime import timedelta
+
+    import torch
+
+    from swarmd.logs import configure_logging
+    from swarmd.ranks.group import rank_timeouts
+    from swarmd.ranks.layout import torchrun_device, torchrun_init_method
+
+    configure_logging(config.logging.level, config.logging.format)
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = torchrun_device(config.training, place, cuda_count=cuda_count)
+    init_method = torchrun_init_method(environ)
+
+    def join_group() -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo",
+            init_method=init_method,
+            rank=place.rank,
+            world_size=place.world_size,
+            timeout=timedelta(seconds=rank_timeouts(config)[1]),
+        )
+        dist.barrier()
+
+    return run_compute_rank(
+        config,
+        rank=place.rank,
+        world_size=place.world_size,
+        device=device,
+        join_group=join_group,
+        init_seed=config.training.seed if config.training.seed is not None else 0,
+        threads=config.training.threads,
+    )
+
+
 def run_compute_rank(
     config,
     *,
@@ -95,8 +132,6 @@ def run_compute_rank(
     device: str,
     join_group: Callable[[], None],
     init_seed: int,
-    data_seed: int,
-    verify_every: int,
     threads: int = 0,
 ) -> int:
     """Build, join, step until stopped. `join_group` initialises torch.distributed (a FileStore when the daemon
@@ -107,7 +142,7 @@ def run_compute_rank(
         import torch.distributed as dist
 
         from swarmd.ranks.layout import rank_data_seed
-        from swarmd.ranks.step_sync import StepSync
+        from swarmd.ranks.step_sync import StepSync, share_data_seed
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
         from swarmd.worker.precision import make_precision
@@ -136,7 +171,8 @@ def run_compute_rank(
         # hivemind's GradScaler, and so hivemind, out of this process)
         precision = make_precision(training.precision, model=model, device=torch_device, reuse_grad_buffers=False)
         join_group()
-        sync = StepSync(model, rank=rank, world_size=world_size, device=torch_device, verify_every=verify_every)
+        data_seed = share_data_seed(None, rank=rank, device=torch_device)
+        sync = StepSync(model, rank=rank, world_size=world_size, device=torch_device)
         logger.info("%s ready: %d parameters, batch %d", where, sum(p.numel() for p in model.parameters()), training.batch_size)
 
         batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))

@@ -31,9 +31,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from swarmd.ranks.step_sync import RankFailure
+from swarmd.ranks.step_sync import RankFailure, share_data_seed
 
-__all__ = ["RankGroup", "rank_timeouts", "ready_key", "COMPUTE_BOUND_SECONDS"]
+__all__ = ["RankGroup", "TorchrunGroup", "rank_timeouts", "ready_key", "COMPUTE_BOUND_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ class RankGroup:
         data_seed: int,
         leader_timeout: float = COMPUTE_BOUND_SECONDS,
         follower_timeout: float = COMPUTE_BOUND_SECONDS,
-        verify_every: int = 100,
         threads: int = 0,
         env: Optional[Mapping[str, str]] = None,
     ):
@@ -92,12 +91,12 @@ class RankGroup:
         self.workdir = Path(workdir)
         self.init_seed, self.data_seed = init_seed, data_seed
         self.leader_timeout, self.follower_timeout = leader_timeout, follower_timeout
-        self.verify_every = verify_every
         self.threads = threads
         self.env = dict(env or {})
         self._processes: dict[int, subprocess.Popen] = {}
         self._rendezvous: Optional[Path] = None
         self._stopping = False
+        self.closed = False
         self._connected = False
         self._dead: Optional[str] = None
 
@@ -114,9 +113,7 @@ class RankGroup:
             "backend": self.backend,
             "store": str(self._rendezvous / "store"),
             "init_seed": self.init_seed,
-            "data_seed": self.data_seed,
             "timeout": self.follower_timeout,
-            "verify_every": self.verify_every,
             "threads": self.threads,
         }
         spec_path = self._rendezvous / "spec.json"
@@ -172,6 +169,7 @@ class RankGroup:
                     timeout=timedelta(seconds=self.leader_timeout),
                 )
                 dist.barrier()  # gloo connects lazily; the barrier proves every rank is reachable
+                share_data_seed(self.data_seed, rank=0, device=self.devices[0])
             except BaseException as e:  # noqa: BLE001 - reported by connect()
                 failure.append(e)
 
@@ -223,7 +221,7 @@ class RankGroup:
     def close(self, timeout: float) -> bool:
         """After rank 0 sent stop (StepSync.lead_stop), or when giving up: wait up to `timeout` s for the ranks
         to exit, kill the rest, leave the process group. True when every rank exited on its own with code 0."""
-        self._stopping = True
+        self._stopping = self.closed = True
         deadline = time.monotonic() + timeout
         for process in self._processes.values():
             try:
@@ -266,6 +264,70 @@ class RankGroup:
 
     def _describe(self, rank: int) -> str:
         return f"rank {rank} ({self.devices[rank]})"
+
+
+class TorchrunGroup:
+    """Rank 0's membership of a group torchrun started: the same surface as RankGroup, with nothing to spawn or
+    watch (torchrun's agent owns the processes and stops every rank when one fails, so rank 0 dies with them; a
+    rank on another node that stops answering ends rank 0's collective at the timeout)."""
+
+    def __init__(self, place, *, device: str, data_seed: int, environ: Mapping[str, str],
+                 leader_timeout: float = COMPUTE_BOUND_SECONDS):
+        from swarmd.ranks.layout import torchrun_init_method
+
+        if place.rank != 0:
+            raise ValueError("TorchrunGroup is rank 0's side; other ranks run swarmd.ranks.compute_rank")
+        self.place = place
+        self.world_size = place.world_size
+        self.devices = [str(device)]  # this node's other devices are not rank 0's to know
+        self.backend = "nccl" if self.devices[0].startswith("cuda") else "gloo"
+        self.data_seed = data_seed
+        self.leader_timeout = leader_timeout
+        self.init_method = torchrun_init_method(environ)
+        self._connected = False
+        self.closed = False
+
+    def start(self) -> None:
+        """Nothing to spawn: torchrun started every rank."""
+
+    def connect(self, timeout: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.backend == "nccl":
+            torch.cuda.set_device(torch.device(self.devices[0]))
+        try:
+            dist.init_process_group(
+                self.backend,
+                init_method=self.init_method,
+                rank=0,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=max(timeout, self.leader_timeout)),
+            )
+            dist.barrier()
+            share_data_seed(self.data_seed, rank=0, device=self.devices[0])
+        except Exception as e:  # noqa: BLE001 - one line naming what failed
+            raise RankFailure(f"rank 0 could not join torchrun's process group at {self.init_method}: {e}") from None
+        self._connected = True
+
+    def dead_rank(self) -> Optional[str]:
+        return None
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self, timeout: float) -> bool:
+        self.closed = True
+        if self._connected:
+            self._connected = False
+            import torch.distributed as dist
+
+            try:
+                dist.destroy_process_group()
+            except Exception as e:  # noqa: BLE001
+                logger.debug("Leaving the process group: %r", e)
+        return True
 
 
 def _how_it_ended(code: int) -> str:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from swarmd.errors import ConfigError
 
-__all__ = ["TorchrunRank", "torchrun_rank", "rank_data_seed", "torchrun_device"]
+__all__ = ["TorchrunRank", "torchrun_rank", "torchrun_init_method", "rank_data_seed", "torchrun_device"]
 
 _TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -55,6 +55,15 @@ def torchrun_rank(environ: Mapping[str, str]) -> Optional[TorchrunRank]:
     if not (0 <= rank < world_size and 0 <= local_rank < local_world_size):
         raise ConfigError(f"torchrun environment is inconsistent: RANK={rank} WORLD_SIZE={world_size} LOCAL_RANK={local_rank}")
     return TorchrunRank(rank, world_size, local_rank, local_world_size)
+
+
+def torchrun_init_method(environ: Mapping[str, str]) -> str:
+    """torchrun's rendezvous address (MASTER_ADDR/MASTER_PORT) as an init_method: what env:// reads, but from the
+    mapping given rather than os.environ."""
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(key)]
+    if missing:
+        raise ConfigError(f"torchrun environment incomplete: {' and '.join(missing)} not set; start swarmd under torchrun")
+    return f"tcp://{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
 
 
 def torchrun_device(training, place: TorchrunRank, *, cuda_count: int) -> str:

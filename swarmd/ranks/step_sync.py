@@ -37,7 +37,9 @@ from swarmd.errors import TrainingFailed
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-__all__ = ["Command", "Control", "RankFailure", "RankStep", "StepTotals", "StepSync", "DEFAULT_BUCKET_BYTES"]
+__all__ = [
+    "Command", "Control", "RankFailure", "RankStep", "StepTotals", "StepSync", "share_data_seed", "DEFAULT_BUCKET_BYTES",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +359,17 @@ class StepSync:
     def _require(self, condition: bool, method: str) -> None:
         if not condition:
             raise RuntimeError(f"StepSync.{method} is not for rank {self.rank}")
+
+
+def share_data_seed(seed: Optional[int], *, rank: int, device) -> int:
+    """Right after joining: rank 0's data seed (derived from the peer id) to every rank, which derives its own from
+    it. Under torchrun no other rank can know the peer id."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([seed if rank == 0 else 0], dtype=torch.int64, device=device)
+    dist.broadcast(tensor, src=0)
+    return int(tensor.item())
 
 
 class _Never:

@@ -109,10 +109,10 @@ def same(a, b, tol=1e-6):
     return all(torch.allclose(x, y, rtol=1e-5, atol=tol) for x, y in zip(a, b))
 
 
-def start_group(config, env, *, verify_every=100, leader_timeout=60.0) -> RankGroup:
+def start_group(config, env, *, leader_timeout=60.0) -> RankGroup:
     group = RankGroup(
         devices=["cpu", "cpu"], config_data=config.to_dict(), workdir=config.state_path, init_seed=INIT_SEED,
-        data_seed=DATA_SEED, verify_every=verify_every, leader_timeout=leader_timeout, follower_timeout=120.0,
+        data_seed=DATA_SEED, leader_timeout=leader_timeout, follower_timeout=120.0,
         threads=1, env=env,
     )
     group.start()
@@ -124,101 +124,15 @@ def start_group(config, env, *, verify_every=100, leader_timeout=60.0) -> RankGr
     return group
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def peer(plugin_site, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp("ranks-peer")
     config = toy_config(state_dir)
-    group = start_group(config, plugin_site, verify_every=4)
+    group = start_group(config, plugin_site)
     rank0 = Rank0(config, group, verify_every=4)
     yield rank0, group
-    if group.dead_rank() is None:
-        try:
-            rank0.sync.lead_stop()
-        except RankFailure:
-            pass
-    group.close(10)
-
-
-def test_two_ranks_of_batch_b_follow_one_rank_of_batch_2b(peer):
-    rank0, group = peer
-    torch.manual_seed(INIT_SEED)
-    reference = rank0.task.build_model()
-    reference.load_state_dict(rank0.model.state_dict())
-    optimizer = torch.optim.SGD(rank0.model.parameters(), lr=0.2)
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.2)
-    for _ in range(5):
-        grads, totals, rows = rank0.step()
-        expected = reference_grads(reference, rows)
-        assert same(grads, expected), "the averaged gradient is not the 2b-batch gradient"
-        assert totals.samples == 2 * BATCH  # what rank 0 reports to hivemind
-        assert [r.samples for r in totals.ranks] == [BATCH, BATCH]
-        with torch.no_grad():
-            loss = torch.nn.functional.mse_loss(reference(rows[0]), rows[1]).item()
-        assert totals.loss == pytest.approx(loss, rel=1e-5)
-        for p, g in zip(rank0.model.parameters(), grads):
-            p.grad = g
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        for p, g in zip(reference.parameters(), expected):
-            p.grad = g
-        reference_optimizer.step()
-        reference_optimizer.zero_grad(set_to_none=True)
-        rank0.version += 1  # SGD changed rank 0's parameters: announce it, rank 1 gets them before its next step
-    assert same(list(rank0.model.parameters()), list(reference.parameters()))
-    assert group.dead_rank() is None
-
-
-def test_a_change_on_rank_0_reaches_rank_1_before_its_next_step(peer):
-    rank0, _ = peer
-    with torch.no_grad():
-        for p in rank0.model.parameters():
-            p.add_(0.3)  # e.g. a state download or an averaged state
-    rank0.version += 1
-    sent = rank0.sync.broadcasts_total
-    grads, _, rows = rank0.step()
-    assert rank0.sync.broadcasts_total == sent + 1
-    assert same(grads, reference_grads(rank0.model, rows)), "rank 1 computed with stale parameters"
-
-
-def test_an_unannounced_change_is_caught_by_the_checksum_and_repaired(peer):
-    rank0, _ = peer
-    with torch.no_grad():
-        for p in rank0.model.parameters():
-            p.mul_(0.5)  # no version bump: the ranks are not told
-    repairs = rank0.sync.repairs_total
-    stale_steps = 0
-    while rank0.sync.repairs_total == repairs:
-        assert stale_steps < rank0.sync.verify_every, "no checksum within verify_every steps"
-        grads, _, rows = rank0.step()
-        if rank0.sync.repairs_total == repairs:
-            stale_steps += 1
-            assert not same(grads, reference_grads(rank0.model, rows)), "rank 1 should still hold the old parameters"
-    # the repair happened before this step's compute: rank 1 already used rank 0's parameters
-    assert same(grads, reference_grads(rank0.model, rows))
-    grads, _, rows = rank0.step()
-    assert same(grads, reference_grads(rank0.model, rows))
-    assert rank0.sync.repairs_total == repairs + 1
-
-
-def test_with_reuse_grad_buffers_the_ranks_accumulate_like_rank_0(peer):
-    """hivemind's reuse_grad_buffers keeps .grad across local steps; rank 1 must add each step's mean to the same sum."""
-    rank0, _ = peer
-    rank0.version += 1
-    expected = None
-    for _ in range(3):
-        rank0.sync.lead(params_version=rank0.version)
-        x0, y0 = next(rank0.batches)
-        x1, y1 = next(rank0.rank1_batches)
-        loss = torch.nn.functional.mse_loss(rank0.model(x0), y0)
-        loss.backward()  # into the .grad that still holds the previous steps' mean
-        rank0.sync.average_gradients(samples=BATCH, loss=loss.item())
-        step_grads = reference_grads_keeping(rank0.model, (torch.cat([x0, x1]), torch.cat([y0, y1])))
-        expected = step_grads if expected is None else [e + g for e, g in zip(expected, step_grads)]
-        assert same([p.grad for p in rank0.model.parameters()], expected, tol=1e-5)
-    for p in rank0.model.parameters():
-        p.grad.zero_()  # hivemind's reset after the global step: zeros in place, which rank 0 announces
-    grads, _, rows = rank0.step()
-    assert same(grads, reference_grads(rank0.model, rows))
+    if not group.closed:  # a test failed before test_stop_ends_every_rank_cleanly
+        group.close(0)
 
 
 def reference_grads_keeping(model, rows):
@@ -232,12 +146,98 @@ def reference_grads_keeping(model, rows):
     return grads
 
 
-def test_stop_ends_every_rank_cleanly(peer):
-    rank0, group = peer
-    pids = group.pids
-    rank0.sync.lead_stop()
-    assert group.close(30) is True  # every rank exited by itself with code 0
-    assert not any(alive(pid) for pid in pids)
+class TestOnePeerOfTwoRanks:
+    """One group for these steps in order (a compute rank takes ~20 s to start on a loaded box); closed before
+    the fault tests, which need the process-wide default group for themselves."""
+
+    def test_two_ranks_of_batch_b_follow_one_rank_of_batch_2b(self, peer):
+        rank0, group = peer
+        torch.manual_seed(INIT_SEED)
+        reference = rank0.task.build_model()
+        reference.load_state_dict(rank0.model.state_dict())
+        optimizer = torch.optim.SGD(rank0.model.parameters(), lr=0.2)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.2)
+        for _ in range(5):
+            grads, totals, rows = rank0.step()
+            expected = reference_grads(reference, rows)
+            assert same(grads, expected), "the averaged gradient is not the 2b-batch gradient"
+            assert totals.samples == 2 * BATCH  # what rank 0 reports to hivemind
+            assert [r.samples for r in totals.ranks] == [BATCH, BATCH]
+            with torch.no_grad():
+                loss = torch.nn.functional.mse_loss(reference(rows[0]), rows[1]).item()
+            assert totals.loss == pytest.approx(loss, rel=1e-5)
+            for p, g in zip(rank0.model.parameters(), grads):
+                p.grad = g
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            for p, g in zip(reference.parameters(), expected):
+                p.grad = g
+            reference_optimizer.step()
+            reference_optimizer.zero_grad(set_to_none=True)
+            rank0.version += 1  # SGD changed rank 0's parameters: announce it, rank 1 gets them before its next step
+        assert same(list(rank0.model.parameters()), list(reference.parameters()))
+        assert group.dead_rank() is None
+
+
+    def test_a_change_on_rank_0_reaches_rank_1_before_its_next_step(self, peer):
+        rank0, _ = peer
+        with torch.no_grad():
+            for p in rank0.model.parameters():
+                p.add_(0.3)  # e.g. a state download or an averaged state
+        rank0.version += 1
+        sent = rank0.sync.broadcasts_total
+        grads, _, rows = rank0.step()
+        assert rank0.sync.broadcasts_total == sent + 1
+        assert same(grads, reference_grads(rank0.model, rows)), "rank 1 computed with stale parameters"
+
+
+    def test_an_unannounced_change_is_caught_by_the_checksum_and_repaired(self, peer):
+        rank0, _ = peer
+        with torch.no_grad():
+            for p in rank0.model.parameters():
+                p.mul_(0.5)  # no version bump: the ranks are not told
+        repairs = rank0.sync.repairs_total
+        stale_steps = 0
+        while rank0.sync.repairs_total == repairs:
+            assert stale_steps < rank0.sync.verify_every, "no checksum within verify_every steps"
+            grads, _, rows = rank0.step()
+            if rank0.sync.repairs_total == repairs:
+                stale_steps += 1
+                assert not same(grads, reference_grads(rank0.model, rows)), "rank 1 should still hold the old parameters"
+        # the repair happened before this step's compute: rank 1 already used rank 0's parameters
+        assert same(grads, reference_grads(rank0.model, rows))
+        grads, _, rows = rank0.step()
+        assert same(grads, reference_grads(rank0.model, rows))
+        assert rank0.sync.repairs_total == repairs + 1
+
+
+    def test_with_reuse_grad_buffers_the_ranks_accumulate_like_rank_0(self, peer):
+        """hivemind's reuse_grad_buffers keeps .grad across local steps; rank 1 must add each step's mean to the same sum."""
+        rank0, _ = peer
+        rank0.version += 1
+        expected = None
+        for _ in range(3):
+            rank0.sync.lead(params_version=rank0.version)
+            x0, y0 = next(rank0.batches)
+            x1, y1 = next(rank0.rank1_batches)
+            loss = torch.nn.functional.mse_loss(rank0.model(x0), y0)
+            loss.backward()  # into the .grad that still holds the previous steps' mean
+            rank0.sync.average_gradients(samples=BATCH, loss=loss.item())
+            step_grads = reference_grads_keeping(rank0.model, (torch.cat([x0, x1]), torch.cat([y0, y1])))
+            expected = step_grads if expected is None else [e + g for e, g in zip(expected, step_grads)]
+            assert same([p.grad for p in rank0.model.parameters()], expected, tol=1e-5)
+        for p in rank0.model.parameters():
+            p.grad.zero_()  # hivemind's reset after the global step: zeros in place, which rank 0 announces
+        grads, _, rows = rank0.step()
+        assert same(grads, reference_grads(rank0.model, rows))
+
+
+    def test_stop_ends_every_rank_cleanly(self, peer):
+        rank0, group = peer
+        pids = group.pids
+        rank0.sync.lead_stop()
+        assert group.close(30) is True  # every rank exited by itself with code 0
+        assert not any(alive(pid) for pid in pids)
 
 
 # --- faults ----------------------------------------------------------------------------------------------
@@ -326,6 +326,53 @@ def test_compute_ranks_die_with_a_sigkilled_rank_0(plugin_site, tmp_path):
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(alive(pid) for pid in pids), "a compute rank outlived rank 0"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+TORCHRUN_RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from swarmd.ranks.compute_rank import load_rank_config, run_torchrun_rank
+    from swarmd.ranks.layout import torchrun_rank
+
+    # what `swarmd join` does under torchrun when RANK is not 0
+    sys.exit(run_torchrun_rank(load_rank_config(sys.argv[1]), torchrun_rank(os.environ), os.environ))
+    """
+)
+
+
+def test_a_rank_started_by_torchrun_joins_rank_0_in_the_same_roles(plugin_site, tmp_path):
+    import json
+    import socket
+
+    from swarmd.ranks.group import TorchrunGroup
+    from swarmd.ranks.layout import torchrun_rank
+
+    config = toy_config(tmp_path, seed=INIT_SEED)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", TORCHRUN_RANK_SCRIPT, str(tmp_path / "config.json")],
+        env={**os.environ, **plugin_site, **torchrun_env, "RANK": "1", "LOCAL_RANK": "1"},
+    )
+    try:
+        place = torchrun_rank({**torchrun_env, "RANK": "0", "LOCAL_RANK": "0"})
+        group = TorchrunGroup(place, device="cpu", data_seed=DATA_SEED, environ=torchrun_env, leader_timeout=60)
+        group.start()
+        group.connect(CONNECT_TIMEOUT)
+        rank0 = Rank0(config, group, verify_every=100)
+        for _ in range(2):
+            grads, totals, rows = rank0.step()
+            assert same(grads, reference_grads(rank0.model, rows))  # the same data seeds as a spawned rank
+            assert totals.samples == 2 * BATCH
+        rank0.sync.lead_stop()
+        assert process.wait(60) == 0
+        assert group.close(5)
     finally:
         process.kill()
         process.wait(10)
