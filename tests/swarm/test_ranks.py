@@ -57,12 +57,14 @@ def plugin_site(test_tasks_env):
 class Rank0:
     """What the training worker will do on rank 0, with plain SGD standing in for hivemind.Optimizer."""
 
-    def __init__(self, config, group: RankGroup, *, verify_every: int):
+    def __init__(self, config, group: RankGroup, *, verify_every: int, device="cpu", loss_scale=1.0):
+        self.device = torch.device(device)
+        self.precision, self.loss_scale = config.training.precision, loss_scale
         self.task = self._task(config)
         torch.manual_seed(INIT_SEED)
-        self.model = self.task.build_model()
+        self.model = self.task.build_model().to(self.device)
         self.sync = StepSync(
-            self.model, rank=0, world_size=2, device=torch.device("cpu"), verify_every=verify_every,
+            self.model, rank=0, world_size=2, device=self.device, verify_every=verify_every,
             describe_failure=group.dead_rank,
         )
         self.batches = iter(self.task.train_batches(rank_data_seed(DATA_SEED, 0)))
@@ -83,16 +85,25 @@ class Rank0:
 
     def step(self):
         """One local step of the peer; returns the averaged gradients, the totals, and the peer's rows."""
-        self.sync.lead(params_version=self.version)
-        x0, y0 = next(self.batches)
-        x1, y1 = next(self.rank1_batches)
-        loss = torch.nn.functional.mse_loss(self.model(x0), y0)
-        loss.backward()
+        self.sync.lead(params_version=self.version, loss_scale=self.loss_scale)
+        x0, y0 = (t.to(self.device) for t in next(self.batches))
+        x1, y1 = (t.to(self.device) for t in next(self.rank1_batches))
+        with autocast(self.precision, self.device):
+            loss = torch.nn.functional.mse_loss(self.model(x0).float(), y0)
+        (loss * self.loss_scale).backward()
         totals = self.sync.average_gradients(samples=BATCH, loss=loss.item())
-        grads = [p.grad.clone() for p in self.model.parameters()]
+        grads = [p.grad / self.loss_scale for p in self.model.parameters()]
         for p in self.model.parameters():
             p.grad = None  # what the worker does after hivemind's step (reuse_grad_buffers: false)
         return grads, totals, (torch.cat([x0, x1]), torch.cat([y0, y1]))
+
+
+def autocast(precision: str, device):
+    import contextlib
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
 
 
 def reference_grads(model, rows):
@@ -109,9 +120,9 @@ def same(a, b, tol=1e-6):
     return all(torch.allclose(x, y, rtol=1e-5, atol=tol) for x, y in zip(a, b))
 
 
-def start_group(config, env, *, leader_timeout=60.0) -> RankGroup:
+def start_group(config, env, *, leader_timeout=60.0, devices=("cpu", "cpu")) -> RankGroup:
     group = RankGroup(
-        devices=["cpu", "cpu"], config_data=config.to_dict(), workdir=config.state_path, init_seed=INIT_SEED,
+        devices=list(devices), config_data=config.to_dict(), workdir=config.state_path, init_seed=INIT_SEED,
         data_seed=DATA_SEED, leader_timeout=leader_timeout, follower_timeout=120.0,
         threads=1, env=env,
     )
@@ -376,3 +387,55 @@ def test_a_rank_started_by_torchrun_joins_rank_0_in_the_same_roles(plugin_site, 
     finally:
         process.kill()
         process.wait(10)
+
+
+# --- CUDA: NCCL between GPUs, autocast, the loss scale, non_blocking copies ---------------------------------
+# .ci/cuda-ranks runs these in one go on a GPU machine; elsewhere they skip and say why.
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs 2 CUDA GPUs (NCCL puts one rank per GPU); this machine has "
+    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}",
+)
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("precision, loss_scale, tol", [("fp32", 1.0, 1e-5), ("bf16", 1.0, 3e-2), ("fp16", 1024.0, 1e-2)])
+def test_cuda_two_gpu_ranks_over_nccl_average_like_one_rank(plugin_site, tmp_path, precision, loss_scale, tol):
+    config = toy_config(tmp_path, devices=["cuda:0", "cuda:1"], precision=precision)
+    group = start_group(config, plugin_site, devices=("cuda:0", "cuda:1"))
+    try:
+        assert group.backend == "nccl"
+        rank0 = Rank0(config, group, verify_every=2, device="cuda:0", loss_scale=loss_scale)
+        for _ in range(4):
+            grads, totals, rows = rank0.step()
+            with autocast(precision, rank0.device):
+                expected = reference_grads(rank0.model, rows)
+            assert same(grads, expected, tol=tol), f"{precision}: the averaged gradient is not the 2b-batch gradient"
+            assert totals.samples == 2 * BATCH
+            assert all(r.cuda_allocated_bytes > 0 and r.cuda_reserved_bytes >= r.cuda_allocated_bytes for r in totals.ranks)
+            rank0.version += 1
+        assert rank0.sync.repairs_total == 0
+        rank0.sync.lead_stop()
+        assert group.close(30)
+    finally:
+        group.close(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; torch.cuda.is_available() is False")
+def test_cuda_pinned_batches_reach_the_gpu_intact_with_non_blocking_copies():
+    from swarmd.ranks.compute_rank import _to_device
+
+    batch = {"x": torch.randn(64, 16).pin_memory(), "y": [torch.arange(64).pin_memory()]}
+    moved = _to_device(batch, torch.device("cuda:0"))
+    torch.cuda.synchronize()
+    assert moved["x"].is_cuda and torch.equal(moved["x"].cpu(), batch["x"])
+    assert torch.equal(moved["y"][0].cpu(), batch["y"][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; torch.cuda.is_available() is False")
+def test_cuda_auto_takes_every_visible_gpu():
+    from swarmd.ranks.devices import resolve_devices
+
+    devices = resolve_devices(load_config(environ={}, flags={"training.devices": "auto"}).training)
+    assert [str(d) for d in devices] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]

@@ -109,3 +109,21 @@ def test_roles_are_enforced():
     sync = StepSync(model(), rank=1, world_size=2, device=torch.device("cpu"))
     with pytest.raises(RuntimeError, match="not for rank 1"):
         sync.lead(params_version=0)
+
+
+def test_rank_stats_show_each_ranks_compute_rate_and_cuda_memory():
+    from swarmd.ranks.rank_stats import RankStats
+    from swarmd.ranks.step_sync import RankStep, StepTotals
+
+    stats = RankStats(["cuda:0", "cuda:1"])
+    for _ in range(3):
+        stats.record(StepTotals(samples=48, loss=1.0, ranks=[
+            RankStep(0, 32, 0.5, cuda_allocated_bytes=10, cuda_reserved_bytes=20),
+            RankStep(1, 16, 0.5, cuda_allocated_bytes=11, cuda_reserved_bytes=22),
+        ]))
+    rows = stats.snapshot()
+    assert rows[0] == {"rank": 0, "device": "cuda:0", "samples_total": 96, "samples_per_second": 64.0,
+                       "cuda_allocated_bytes": 10, "cuda_reserved_bytes": 20}
+    assert rows[1]["samples_per_second"] == 32.0 and rows[1]["cuda_reserved_bytes"] == 22
+    cpu = RankStats(["cpu", "cpu"])
+    assert cpu.snapshot()[1] == {"rank": 1, "device": "cpu", "samples_total": 0, "samples_per_second": 0.0}
