@@ -209,13 +209,6 @@ class RankGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes.values()]
 
-    def status(self) -> list[dict[str, Any]]:
-        """What status shows per rank (rank 0 is this process)."""
-        rows = [{"rank": 0, "device": self.devices[0], "pid": os.getpid(), "alive": True}]
-        for rank, process in self._processes.items():
-            rows.append({"rank": rank, "device": self.devices[rank], "pid": process.pid, "alive": process.poll() is None})
-        return rows
-
     # --- stop ----------------------------------------------------------------------------------------------
 
     def close(self, timeout: float) -> bool:

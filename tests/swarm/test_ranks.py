@@ -305,6 +305,22 @@ def test_a_hung_rank_times_out_instead_of_blocking_rank_0(plugin_site, tmp_path)
     assert not alive(pid)
 
 
+def test_a_rank_that_cannot_start_is_named_with_its_exit(plugin_site, tmp_path):
+    data = toy_config(tmp_path).to_dict()
+    data["task"]["samples"] = 4  # below the toy task's minimum: the compute rank's config check fails (exit 2)
+    group = RankGroup(devices=["cpu", "cpu"], config_data=data, workdir=tmp_path, init_seed=1, data_seed=2, env=plugin_site)
+    group.start()
+    try:
+        with pytest.raises(RankFailure) as caught:
+            group.connect(CONNECT_TIMEOUT)
+        assert str(caught.value) == (
+            "rank 1 (cpu) failed (exit code 2; its log above says why) before it joined the process group"
+        )
+    finally:
+        group.close(0)
+    assert not list(tmp_path.glob("ranks-*")), "the rendezvous directory is left behind"
+
+
 RANK0_SCRIPT = textwrap.dedent(
     """
     import sys
