@@ -6,6 +6,8 @@ components driven directly (no daemon, no hivemind): this process is rank 0, pin
 protocol's control broadcast, forward + backward on each rank, the stats all_gather and the bucketed gradient
 all_reduce (parameters unchanged between steps, as between global steps with gradient averaging). Neither runs
 an optimizer step (hivemind's happens once per global epoch). Repetitions are interleaved. Goal: ratio >= 1.8.
+Also measured: the CPU seconds the ranks got (a busy machine shows it as a share below 1 core per rank) and the
+samples per CPU-second, which says what the ranks cost in work whatever else runs on the machine.
 
     python benchmarks/ranks.py [--repeats 3] [--seconds 8] [--batch-size 32]
 """
@@ -19,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import interleave, machine, print_table, summary
+from common import cpu_seconds, interleave, machine, print_table, summary
 
 WARMUP_SECONDS = 2.0
 
@@ -41,6 +43,7 @@ def main() -> None:
     from swarmd.tasks.registry import resolve_task
 
     cores = sorted(os.sched_getaffinity(0))
+    cpu: dict[str, list[tuple[float, float]]] = {"1 rank": [], "2 ranks": []}  # (cores used, samples per CPU-second)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(
@@ -84,7 +87,7 @@ def main() -> None:
                     model.zero_grad(set_to_none=True)
                     return output.batch_size
 
-                return rate(step, args.seconds)
+                return rate(step, args.seconds, [os.getpid()], cpu["1 rank"])
 
             def two_ranks() -> float:
                 def step() -> int:
@@ -95,7 +98,7 @@ def main() -> None:
                     model.zero_grad(set_to_none=True)
                     return totals.samples
 
-                return rate(step, args.seconds)
+                return rate(step, args.seconds, [os.getpid(), *group.pids], cpu["2 ranks"])
 
             results = interleave({"1 rank": one_rank, "2 ranks": two_ranks}, args.repeats)
             sync.lead_stop()
@@ -108,21 +111,30 @@ def main() -> None:
         f"{args.repeats} interleaved repeats of {args.seconds:.0f} s\n{machine()}",
         ["run", "samples/s median [min..max]"],
         [["1 rank (core 0)", summary(results["1 rank"])], ["2 ranks (cores 0, 1)", summary(results["2 ranks"])],
-         ["ratio 2/1 (per pair)", summary(ratios)]],
+         ["ratio 2/1 (per pair)", summary(ratios)],
+         ["cores used, 1 rank", summary([c for c, _ in cpu["1 rank"]])],
+         ["cores used, 2 ranks", summary([c for c, _ in cpu["2 ranks"]])],
+         ["samples per CPU-second, 1 rank", summary([e for _, e in cpu["1 rank"]])],
+         ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])]],
     )
     ratio = statistics.median(results["2 ranks"]) / statistics.median(results["1 rank"])
     print(f"\nratio of medians: {ratio:.3f} (goal >= 1.8)")
 
 
-def rate(step, seconds: float) -> float:
-    """Samples per second of `step` (which returns its samples) over `seconds`, after a warm-up."""
+def rate(step, seconds: float, pids: list[int], cpu: list) -> float:
+    """Samples per second of `step` (which returns its samples) over `seconds`, after a warm-up; appends the
+    cores the processes `pids` used meanwhile and the samples per CPU-second to `cpu`."""
     started = time.monotonic()
     while time.monotonic() - started < WARMUP_SECONDS:
         step()
+    cpu_before = sum(cpu_seconds(f"/proc/{pid}/stat") for pid in pids)
     samples, started = 0, time.monotonic()
     while time.monotonic() - started < seconds:
         samples += step()
-    return samples / (time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    used = sum(cpu_seconds(f"/proc/{pid}/stat") for pid in pids) - cpu_before
+    cpu.append((used / elapsed, samples / used if used else float("nan")))
+    return samples / elapsed
 
 
 if __name__ == "__main__":
