@@ -10,6 +10,7 @@ the mean to hivemind. See docs/RANKS.md for the protocol and how the daemon driv
 - `group`        rank 0's side of the process group: spawn, rendezvous, watch and stop the compute ranks
 - `step_sync`    the per-step protocol every rank runs (control, parameter sync, gradient averaging, checksums)
 - `compute_rank` the main loop of ranks >= 1 (`python -m swarmd.ranks.compute_rank`)
+- `rank_stats`   per-rank samples/s and CUDA memory for status and metrics
 
 Every module here imports torch only inside functions, so the config schema may import `devices`.
 """

@@ -236,16 +236,9 @@ class RankGroup:
         return clean
 
     def _leave_process_group(self) -> None:
-        if not self._connected:
-            return
-        self._connected = False
-        import torch.distributed as dist
-
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception as e:  # noqa: BLE001 - the ranks are gone; nothing depends on a clean teardown
-            logger.debug("Leaving the process group: %r", e)
+        if self._connected:
+            self._connected = False
+            _destroy_process_group_bounded()
 
     def __enter__(self) -> "RankGroup":
         return self
@@ -314,13 +307,30 @@ class TorchrunGroup:
         self.closed = True
         if self._connected:
             self._connected = False
-            import torch.distributed as dist
-
-            try:
-                dist.destroy_process_group()
-            except Exception as e:  # noqa: BLE001
-                logger.debug("Leaving the process group: %r", e)
+            _destroy_process_group_bounded()
         return True
+
+
+_DESTROY_SECONDS = 5.0
+
+
+def _destroy_process_group_bounded() -> None:
+    """Leave the process group without ever blocking the daemon's stop: a worker thread may still sit in a
+    collective (a hung NCCL kernel), and tearing down under it can wait; the process exits soon anyway."""
+    import torch.distributed as dist
+
+    def destroy() -> None:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - the ranks are gone; nothing depends on a clean teardown
+            logger.debug("Leaving the process group: %r", e)
+
+    thread = threading.Thread(target=destroy, name="swarmd-ranks-destroy", daemon=True)
+    thread.start()
+    thread.join(_DESTROY_SECONDS)
+    if thread.is_alive():
+        logger.warning("Leaving the process group did not finish within %.0f s; going on", _DESTROY_SECONDS)
 
 
 def _how_it_ended(code: int) -> str:
