@@ -104,6 +104,10 @@ class RankGroup:
 
     def start(self) -> None:
         """Spawn the compute ranks. Call on the main thread: a child is tied to the THREAD that forked it."""
+        if threading.current_thread() is not threading.main_thread():
+            # PR_SET_PDEATHSIG fires when the forking thread ends: from a pool thread the ranks would be killed
+            # whenever that thread retires
+            raise RuntimeError("RankGroup.start() must run on the main thread")
         self._rendezvous = Path(tempfile.mkdtemp(prefix="ranks-", dir=self.workdir))
         config_path = self._rendezvous / "config.json"  # read back by compute_rank.load_rank_config
         config_path.write_text(json.dumps(self.config_data))
