@@ -19,6 +19,7 @@ FLAG_KEYS = {
     "client_mode": "network.client_mode",
     "auxiliary": "swarm.auxiliary",
     "device": "training.device",
+    "devices": "training.devices",
     "metrics_addr": "metrics.listen",
 }
 
@@ -35,6 +36,9 @@ def join(
     client_mode: bool = typer.Option(False, "--client-mode", help="No inbound connections (behind NAT/firewall)."),
     auxiliary: bool = typer.Option(False, "--auxiliary", help="Only help averaging, do not train."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    devices: Optional[str] = typer.Option(
+        None, "--devices", help="One data-parallel rank per device: auto, or a list like cuda:0,cuda:1 (cpu,cpu)."
+    ),
     metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", help="host:port of the Prometheus endpoint."),
     assignments: list[str] = typer.Option(None, "--set", help="Any config key: --set swarm.target_batch_size=4096."),
 ) -> None:
@@ -50,6 +54,7 @@ def join(
         client_mode=client_mode or None,
         auxiliary=auxiliary or None,
         device=device,
+        devices=devices,
         metrics_addr=metrics_addr,
     )
     flags = {FLAG_KEYS[name]: value for name, value in given.items() if value is not None}

@@ -187,6 +187,13 @@ class TrainingConfig(StrictModel):
     """What this peer computes locally. These may differ from peer to peer."""
 
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")
+    devices: Optional[Literal["auto"] | list[str]] = Field(
+        None,
+        description="Data-parallel ranks inside this one peer, one per entry: auto (every visible CUDA GPU, else "
+        "the CPU) or a list such as [cuda:0, cuda:1] ([cpu, cpu]: CPU ranks over gloo). Rank 0 hosts hivemind; "
+        "batch_size is per rank, so the peer contributes ranks x batch_size per step. Unset: one rank on "
+        "training.device. If both are set, training.device must be auto or the first entry (rank 0's device).",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Autocast precision of forward/backward.")
     batch_size: int = Field(32, ge=1, description="Samples per local step (per peer).")
     seed: Optional[int] = Field(
@@ -204,6 +211,32 @@ class TrainingConfig(StrictModel):
         if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
             return value
         raise ValueError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _split_devices(cls, value: Any) -> Any:
+        # `--devices cuda:0,cuda:1`, SWARMD_TRAINING__DEVICES and --set arrive as one comma-separated string
+        if isinstance(value, str) and value != "auto":
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _check_devices(cls, value: Optional[str | list[str]]) -> Optional[str | list[str]]:
+        if value is None or value == "auto":
+            return value
+        from swarmd.ranks.devices import check_device_list  # local: one place knows what a rank's device is
+
+        return check_device_list(value)
+
+    @model_validator(mode="after")
+    def _check_device_and_devices(self) -> "TrainingConfig":
+        from swarmd.ranks.devices import conflict_between
+
+        conflict = conflict_between(self.device, self.devices)
+        if conflict:
+            raise ValueError(conflict)
+        return self
 
 
 class CheckpointConfig(StrictModel):
@@ -347,6 +380,13 @@ class SwarmdConfig(StrictModel):
     def _check_roles(self) -> "SwarmdConfig":
         if self.network.client_mode and self.swarm.auxiliary:
             raise ValueError("an auxiliary peer serves others, so it cannot be in client_mode")
+        return self
+
+    @model_validator(mode="after")
+    def _check_auxiliary_ranks(self) -> "SwarmdConfig":
+        devices = self.training.devices
+        if self.swarm.auxiliary and isinstance(devices, list) and len(devices) > 1:
+            raise ValueError("training.devices: an auxiliary peer does not train, so it runs one rank; drop the list")
         return self
 
     @property

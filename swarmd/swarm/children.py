@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-__all__ = ["tie_children_to_this_process", "descendant_pids", "kill_descendants", "kill_leftovers"]
+__all__ = ["tie_children_to_this_process", "die_with_parent", "descendant_pids", "kill_descendants", "kill_leftovers"]
 
 _PR_SET_PDEATHSIG = 1
 _installed = False
@@ -33,6 +33,14 @@ def _set_parent_death_signal(expected_parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != expected_parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child (e.g. a subprocess's preexec_fn): get SIGKILL when `parent_pid` dies, exit now if it already did.
+
+    Linux sends the signal when the parent THREAD that forked ends: fork from a thread that lives as long as the
+    process (the main thread), not from a pool thread."""
+    _set_parent_death_signal(parent_pid)
 
 
 def _after_fork_in_child(parent_pid: int) -> None:

@@ -96,6 +96,26 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
         self._epoch_of_round = lambda: self.local_epoch
         super().__init__(**kwargs)
 
+    # Counts the ways hivemind writes the model's own parameters, so the data-parallel ranks of this peer
+    # (swarmd.ranks) get them again exactly when they changed: averaged state applied, the offloaded optimizer's
+    # parameters copied back, or the local optimizer stepping them in place.
+    parameters_version = 0
+
+    def _apply_averaging_results_(self):
+        super()._apply_averaging_results_()
+        self.parameters_version += 1
+
+    def _apply_optimizer_parameters_(self):
+        super()._apply_optimizer_parameters_()
+        self.parameters_version += 1
+
+    def _do(self, wait_for_trigger, optimizer_step, *args, **kwargs):
+        try:
+            return super()._do(wait_for_trigger, optimizer_step, *args, **kwargs)
+        finally:
+            if optimizer_step and not self.offload_optimizer:
+                self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
+
 
 class _GradientAveragerKeepingOwn(_UpstreamRpcNames, GradientAverager):
     """Remembers this peer's own contribution to the round, so the average can be judged against it."""
@@ -173,6 +193,12 @@ class SwarmOptimizer(Optimizer):
 
     def _make_gradient_averager(self, factory, **kwargs):
         return super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
+
+    @property
+    def parameters_version(self) -> tuple[int, int]:
+        """Changes whenever hivemind may have written the model's parameters (a step, averaged state, a state
+        download); what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
+        return (self.state_averager.parameters_version, self.state_loads_total)
 
     def _count_state_load(self) -> None:
         self.state_loads_total += 1

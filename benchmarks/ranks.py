@@ -1,0 +1,141 @@
+"""Ranks: samples/s of one peer computing with 2 CPU ranks (1 thread each) against 1 rank (1 thread).
+
+The micro Swin task (configs/swin-micro.yaml, 0.54M parameters), the same per-rank batch, the swarmd.ranks
+components driven directly (no daemon, no hivemind): this process is rank 0, pinned to core 0; its compute rank
+(`python -m swarmd.ranks.compute_rank`) is pinned to core 1. One rank: forward + backward. Two ranks: the
+protocol's control broadcast, forward + backward on each rank, the stats all_gather and the bucketed gradient
+all_reduce (parameters unchanged between steps, as between global steps with gradient averaging). Neither runs
+an optimizer step (hivemind's happens once per global epoch). Repetitions are interleaved. Goal: ratio >= 1.8.
+Also measured: the CPU seconds the ranks got (a busy machine shows it as a share below 1 core per rank) and the
+samples per CPU-second, which says what the ranks cost in work whatever else runs on the machine.
+
+    python benchmarks/ranks.py [--repeats 3] [--seconds 8] [--batch-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import cpu_seconds, interleave, machine, print_table, summary
+
+WARMUP_SECONDS = 2.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+
+    import torch
+
+    from swarmd.config import load_config
+    from swarmd.ranks.group import RankGroup
+    from swarmd.ranks.layout import rank_data_seed
+    from swarmd.ranks.step_sync import StepSync
+    from swarmd.tasks.base import TaskContext
+    from swarmd.tasks.registry import resolve_task
+
+    cores = sorted(os.sched_getaffinity(0))
+    cpu: dict[str, list[tuple[float, float]]] = {"1 rank": [], "2 ranks": []}  # (cores used, samples per CPU-second)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config(
+            environ={},
+            flags={
+                "state_dir": tmp,
+                "task.eval_every_epochs": 0,
+                "task.data.path": str(Path(tmp) / "data"),
+                "training.batch_size": args.batch_size,
+                "training.devices": ["cpu", "cpu"],
+                "training.threads": 1,
+            },
+        )
+        task = resolve_task("swin")(
+            config.task.settings,
+            TaskContext(state_dir=config.state_path, device=torch.device("cpu"), precision="fp32",
+                        batch_size=args.batch_size, seed=0),
+        )
+        task.prepare()  # draws the image folder once, before the compute rank looks for it
+        torch.manual_seed(0)
+        model = task.build_model()
+        batches = iter(task.train_batches(rank_data_seed(1, 0)))
+        if len(cores) >= 2:
+            os.sched_setaffinity(0, {cores[0]})
+        group = RankGroup(devices=["cpu", "cpu"], config_data=config.to_dict(), workdir=config.state_path,
+                          init_seed=0, data_seed=1, threads=1)
+        group.start()
+        try:
+            if len(cores) >= 2:
+                for pid in group.pids:
+                    os.sched_setaffinity(pid, {cores[1]})
+            started = time.monotonic()
+            group.connect(300)
+            print(f"compute rank ready after {time.monotonic() - started:.1f} s", flush=True)
+            sync = StepSync(model, rank=0, world_size=2, device=torch.device("cpu"), describe_failure=group.dead_rank)
+
+            def one_rank() -> float:
+                def step() -> int:
+                    output = task.training_step(model, next(batches))
+                    output.loss.backward()
+                    model.zero_grad(set_to_none=True)
+                    return output.batch_size
+
+                return rate(step, args.seconds, [os.getpid()], cpu["1 rank"])
+
+            def two_ranks() -> float:
+                def step() -> int:
+                    sync.lead(params_version=0)
+                    output = task.training_step(model, next(batches))
+                    output.loss.backward()
+                    totals = sync.average_gradients(samples=output.batch_size, loss=float(output.loss.detach()))
+                    model.zero_grad(set_to_none=True)
+                    return totals.samples
+
+                return rate(step, args.seconds, [os.getpid(), *group.pids], cpu["2 ranks"])
+
+            results = interleave({"1 rank": one_rank, "2 ranks": two_ranks}, args.repeats)
+            sync.lead_stop()
+        finally:
+            group.close(10)
+
+    ratios = [two / one for one, two in zip(results["1 rank"], results["2 ranks"])]
+    print_table(
+        f"Ranks inside one peer, micro Swin (0.54M params), batch {args.batch_size} per rank, 1 thread per rank, "
+        f"{args.repeats} interleaved repeats of {args.seconds:.0f} s\n{machine()}",
+        ["run", "samples/s median [min..max]"],
+        [["1 rank (core 0)", summary(results["1 rank"])], ["2 ranks (cores 0, 1)", summary(results["2 ranks"])],
+         ["ratio 2/1 (per pair)", summary(ratios)],
+         ["cores used, 1 rank", summary([c for c, _ in cpu["1 rank"]])],
+         ["cores used, 2 ranks", summary([c for c, _ in cpu["2 ranks"]])],
+         ["samples per CPU-second, 1 rank", summary([e for _, e in cpu["1 rank"]])],
+         ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])]],
+    )
+    ratio = statistics.median(results["2 ranks"]) / statistics.median(results["1 rank"])
+    print(f"\nratio of medians: {ratio:.3f} (goal >= 1.8)")
+
+
+def rate(step, seconds: float, pids: list[int], cpu: list) -> float:
+    """Samples per second of `step` (which returns its samples) over `seconds`, after a warm-up; appends the
+    cores the processes `pids` used meanwhile and the samples per CPU-second to `cpu`."""
+    started = time.monotonic()
+    while time.monotonic() - started < WARMUP_SECONDS:
+        step()
+    cpu_before = sum(cpu_seconds(f"/proc/{pid}/stat") for pid in pids)
+    samples, started = 0, time.monotonic()
+    while time.monotonic() - started < seconds:
+        samples += step()
+    elapsed = time.monotonic() - started
+    used = sum(cpu_seconds(f"/proc/{pid}/stat") for pid in pids) - cpu_before
+    cpu.append((used / elapsed, samples / used if used else float("nan")))
+    return samples / elapsed
+
+
+if __name__ == "__main__":
+    main()
