@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -68,8 +69,15 @@ def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
     from swarmd.daemon.assembly import build_extensions
     from swarmd.daemon.lifecycle import Daemon
     from swarmd.logs import configure_logging
+    from swarmd.ranks.layout import torchrun_rank
 
     configure_logging(cfg.logging.level, cfg.logging.format)
+    place = torchrun_rank(os.environ)
+    if place is not None and not place.hosts_hivemind:
+        # under torchrun every process runs `swarmd join`; only global rank 0 is the peer (DHT, hivemind, status)
+        from swarmd.ranks.compute_rank import run_torchrun_rank
+
+        return run_torchrun_rank(cfg, place, os.environ)
     daemon = Daemon(cfg, extensions=build_extensions(cfg), config_path=config_path)
     return uvloop.run(daemon.run())
 

@@ -42,6 +42,7 @@ class Runtime:
     optimizer: Any  # swarm/optimizer.py SwarmOptimizer
     stats: Any  # worker/stats.py WorkerStats
     averaging_log: Any  # swarm/averaging_log.py AveragingLog
+    ranks: Any = None  # ranks/local.py LocalRanks when the peer has several (training.devices)
     worker: Any = None  # worker/trainer.py TrainingWorker, once started
 
 
@@ -94,6 +95,7 @@ class Daemon:
         task, model, device, checkpoint = await self._build_model()
         self.dht = await self._join_swarm()
         self.runtime = self._build_optimizer(task, model, checkpoint)
+        self.runtime.ranks = await self._start_ranks(task, model, device)
         self.runtime.worker = self._start_worker(device)
         self._set_state("training")
         for extension in self.extensions:
@@ -146,17 +148,18 @@ class Daemon:
         return task, model, device, checkpoint
 
     def _make_task(self):
+        from swarmd.ranks.devices import resolve_devices
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
-        from swarmd.worker.trainer import resolve_device
 
         training = self.config.training
-        device = resolve_device(training.device)
+        self._devices = resolve_devices(training)  # one per rank; rank 0 (this process) trains on the first
+        device = self._devices[0]
         self.identity = dataclasses.replace(self.identity, device=str(device))
         init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
         context = TaskContext(
             state_dir=self.config.state_path, device=device, precision=training.precision,
-            batch_size=training.batch_size, seed=init_seed,
+            batch_size=training.batch_size, seed=init_seed, rank=0, ranks=len(self._devices),
         )
         return resolve_task(self.config.task.name)(self.config.task.settings, context), device, init_seed
 
@@ -200,6 +203,20 @@ class Daemon:
         self._check_stop()
         return self.runtime
 
+    async def _start_ranks(self, task, model, device):
+        """Ranks 1..N-1 on the other devices (ranks/), connected before the first step; None for one rank."""
+        from swarmd.ranks.local import start_local_ranks
+        from swarmd.worker.trainer import peer_data_seed
+
+        ranks = await start_local_ranks(
+            self.config, devices=self._devices, model=model, init_seed=task.context.seed,
+            data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
+        )
+        if ranks is not None:
+            logger.info("Training on %d ranks: %s", len(ranks.devices), ", ".join(ranks.devices))
+        self._check_stop()
+        return ranks
+
     def _start_worker(self, device):
         from swarmd.worker.threads import reserve_threads_for_worker
         from swarmd.worker.trainer import TrainingWorker, WorkerSettings, peer_data_seed
@@ -218,6 +235,7 @@ class Daemon:
             stats=runtime.stats,
             averaging_log=runtime.averaging_log,
             device=device,
+            ranks=runtime.ranks,
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
             threads=reserve_threads_for_worker(self.config.training.threads),
             save_checkpoint=save,
@@ -232,6 +250,11 @@ class Daemon:
         worker = self.runtime.worker
         while not self._signals.requested.is_set():
             await self._tick()
+            dead = self.runtime.ranks.dead_rank() if self.runtime.ranks is not None else None
+            if dead:
+                logger.error("Stopping: %s", dead)
+                self._exit_code = ExitCode.FAILURE
+                break
             if not worker.alive:
                 if worker.failure is not None:
                     logger.error("Stopping: the training worker failed (%s)", worker.failure)
@@ -265,6 +288,7 @@ class Daemon:
             worker=runtime.stats.report() if runtime is not None else None,
             averaging=runtime.averaging_log.summary() if runtime is not None else None,
             checkpoint=self.checkpointer.info() if self.checkpointer is not None else None,
+            ranks=runtime.ranks.report() if runtime is not None and runtime.ranks is not None else None,
         )
         for extension in self.extensions:
             try:
@@ -297,8 +321,8 @@ class Daemon:
         remaining = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
 
         runtime = self.runtime
-        if runtime is not None and await self._stop_worker(remaining) and self._final_checkpoint_needed():
-            await _bounded("saving the final checkpoint", runtime.worker.save_checkpoint, remaining)
+        if runtime is not None:
+            await self._stop_training(remaining)
         if runtime is not None:
             await _bounded("saying goodbye to the swarm", runtime.optimizer.shutdown, remaining)
         if self.dht is not None:
@@ -315,6 +339,21 @@ class Daemon:
             self._exit_code = ExitCode.FAILURE
         self._lock.release()
         logger.info("Stopped (exit code %d)", int(self._exit_code))
+
+    async def _stop_training(self, remaining) -> None:
+        """Stop the worker and the other ranks, then save: the live state after a clean stop, the worker's last
+        good state (its in-memory backup) when a rank died mid-step."""
+        runtime = self.runtime
+        stopped_cleanly = await self._stop_worker(remaining)
+        rank_died = runtime.ranks is not None and runtime.ranks.dead_rank() is not None
+        if runtime.ranks is not None:
+            await _bounded("stopping the other ranks", lambda: runtime.ranks.close(min(remaining(), 10.0)), remaining)
+        worker = runtime.worker
+        if rank_died and worker is not None and not worker.alive and worker.save_checkpoint is not None:
+            worker.restore_last_good_state()
+            await _bounded("saving the last good state", worker.save_checkpoint, remaining)
+        elif stopped_cleanly and self._final_checkpoint_needed():
+            await _bounded("saving the final checkpoint", worker.save_checkpoint, remaining)
 
     async def _stop_worker(self, remaining) -> bool:
         """True when the worker stopped cleanly in time (so its state can be saved)."""

@@ -68,6 +68,15 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
      lambda s: s.tracking.failures_total if s.tracking else None),
     ("swarmd_tracking_dropped_records", "Tracking records dropped because the backends fell behind.",
      lambda s: s.tracking.dropped_total if s.tracking else None),
+    ("swarmd_rank_checksum_repairs", "Times this peer's ranks were found to hold different parameters and re-synced.",
+     lambda s: s.ranks_repairs_total if s.ranks else None),
+)
+# per rank of a multi-device peer (training.devices), labelled {rank, device}: (name, help, key in the rank's row)
+RANK_GAUGES = (
+    ("swarmd_rank_samples_per_second", "A rank's forward+backward throughput (its waits for the others excluded).",
+     "samples_per_second"),
+    ("swarmd_rank_cuda_allocated_bytes", "CUDA memory held by a rank's tensors.", "cuda_allocated_bytes"),
+    ("swarmd_rank_cuda_reserved_bytes", "CUDA memory held by a rank's caching allocator.", "cuda_reserved_bytes"),
 )
 
 
@@ -116,6 +125,7 @@ class DaemonCollector(Collector):
         for name, documentation, value in COUNTERS:
             yield _family(CounterMetricFamily(name, documentation), value(s))
         yield from _averaging(s)
+        yield from _ranks(s)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:
@@ -145,6 +155,15 @@ def _averaging(s: Snapshot) -> Iterable:
     for kind, last in sorted(s.last_averaging_by_kind.items()):
         group.add_metric([kind], float(last.group_size))
     yield group
+
+
+def _ranks(s: Snapshot) -> Iterable:
+    for name, documentation, key in RANK_GAUGES:
+        family = GaugeMetricFamily(name, documentation, labels=["rank", "device"])
+        for row in s.ranks:
+            if row.get(key) is not None:
+                family.add_metric([str(row["rank"]), str(row["device"])], float(row[key]))
+        yield family
 
 
 def _family(family, value):

@@ -162,6 +162,8 @@ def run_compute_rank(
                 precision=training.precision,
                 batch_size=training.batch_size,
                 seed=init_seed,
+                rank=rank,
+                ranks=world_size,
             ),
         )
         task.prepare()

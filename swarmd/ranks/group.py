@@ -213,6 +213,10 @@ class RankGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes.values()]
 
+    def expect_exit(self) -> None:
+        """Rank 0 is about to tell the ranks to stop: from now on an exit is not a death."""
+        self._stopping = True
+
     # --- stop ----------------------------------------------------------------------------------------------
 
     def close(self, timeout: float) -> bool:
@@ -299,6 +303,9 @@ class TorchrunGroup:
         except Exception as e:  # noqa: BLE001 - one line naming what failed
             raise RankFailure(f"rank 0 could not join torchrun's process group at {self.init_method}: {e}") from None
         self._connected = True
+
+    def expect_exit(self) -> None:
+        """Nothing to watch: torchrun's agent stops every rank when one fails."""
 
     def dead_rank(self) -> Optional[str]:
         return None

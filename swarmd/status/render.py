@@ -92,6 +92,12 @@ def _header(s: dict[str, Any]):
         f"{state}{f' / {phase}' if phase and phase != state else ''}  ·  up {format_duration(s.get('uptime_seconds'))}"
         f"  ·  {s.get('device') or 'no device yet'}  ·  task {s.get('task')}  ·  swarmd {s.get('swarmd_version')}",
     )
+    if s.get("ranks"):
+        grid.add_row("ranks", "  |  ".join(_rank_text(row) for row in s["ranks"]))
+    if s.get("ranks_dead"):
+        grid.add_row("rank down", str(s["ranks_dead"]))
+    if s.get("learning_rates"):
+        grid.add_row("lr", ", ".join(f"{lr:.3g}" for lr in s["learning_rates"]))
     if s.get("metrics_address"):
         grid.add_row("metrics", f"http://{s['metrics_address']}/metrics")
     if s.get("last_error"):
@@ -226,6 +232,14 @@ def _loss(s: dict[str, Any]):
 
 
 # --- formatting ----------------------------------------------------------------------------------------------
+
+
+def _rank_text(row: dict[str, Any]) -> str:
+    """"cuda:1 409.2/s 10.2/12.0 GiB": a rank's device, compute rate and (CUDA) allocated/reserved memory."""
+    text = f"{row.get('device')} {_rate(row.get('samples_per_second'))}/s"
+    if row.get("cuda_reserved_bytes") is not None:
+        text += f" {row.get('cuda_allocated_bytes', 0) / 2**30:.1f}/{row['cuda_reserved_bytes'] / 2**30:.1f} GiB"
+    return text
 
 
 def _outcome_counts(counts: dict[str, int]) -> str:

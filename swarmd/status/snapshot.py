@@ -139,7 +139,8 @@ class Snapshot:
     api_version: int = API_VERSION
     swarmd_version: str = __version__
     peer_id: Optional[str] = None
-    device: Optional[str] = None
+    device: Optional[str] = None  # rank 0's
+    devices: tuple = ()  # one per rank, rank 0's first
     visible_maddrs: tuple = ()
     # what it is doing
     state: str = "starting"  # one of PEER_STATES
@@ -172,6 +173,11 @@ class Snapshot:
     last_error: str = ""
     evaluation: Optional[Evaluation] = None
     checkpoint: Optional[CheckpointInfo] = None
+    # the peer's ranks (training.devices; empty for a one-rank peer): per rank {rank, device, samples_total,
+    # samples_per_second (its forward+backward), cuda_allocated_bytes, cuda_reserved_bytes (CUDA only)}
+    ranks: tuple = ()
+    ranks_dead: Optional[str] = None  # "rank 1 (cpu) was killed by SIGKILL"
+    ranks_repairs_total: int = 0  # replicas found to differ (checksum) and re-broadcast
     # averaging rounds (swarm/outcomes.py names the kinds and outcomes)
     last_averaging: Optional[AveragingRound] = None
     averaging: dict = field(default_factory=dict)  # {kind: {outcome: rounds}}, every kind and outcome present
@@ -225,6 +231,7 @@ def build_snapshot(
     worker=None,  # worker/stats.py WorkerReport
     averaging: Optional[AveragingSummary] = None,
     checkpoint: Optional[CheckpointInfo] = None,
+    ranks: Optional[Mapping[str, Any]] = None,  # ranks/local.py LocalRanks.report(), for a peer of several ranks
 ) -> Snapshot:
     """The snapshot from what the daemon's parts report (any may be None while starting)."""
     fields: dict[str, Any] = dict(
@@ -246,6 +253,8 @@ def build_snapshot(
     )
     if checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total):
         fields["checkpoint"] = checkpoint
+    fields["devices"] = (identity.device,) if identity.device else ()
+    fields.update(ranks or {})
     if progress is not None:
         fields.update(_progress_fields(progress))
     if worker is not None:

@@ -51,6 +51,8 @@ class TaskContext:
     precision: str  # fp32 | bf16 | fp16 (the worker handles autocast and loss scaling)
     batch_size: int  # samples per local step
     seed: int  # reproducible initialisation; the data order seed is passed to train_batches
+    rank: int = 0  # this process's data-parallel rank inside the peer (training.devices), for exact sharding
+    ranks: int = 1  # the peer's ranks; each draws its own batches (train_batches gets a per-rank seed)
 
     @property
     def data_dir(self) -> Path:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from swarmd.ranks.step_sync import RankFailure
 from swarmd.swarm.optimizer import StateLoadFailed
 from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
@@ -114,6 +115,7 @@ class TrainingWorker:
         data_seed: int,
         save_checkpoint: Optional[Callable[[], None]] = None,
         threads: int = 0,
+        ranks=None,
     ):
         self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
@@ -122,6 +124,7 @@ class TrainingWorker:
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
         self.device = device
+        self.ranks = ranks  # ranks/local.py LocalRanks: the peer's other devices (None: this one only)
         self.auxiliary = settings.auxiliary
         self.reuse_grad_buffers = settings.reuse_grad_buffers
         self.precision = (
@@ -169,6 +172,8 @@ class TrainingWorker:
                 self._assist()
             else:
                 self._train()
+            if self.ranks is not None:
+                self.ranks.stop()
             self.stats.set_phase("stopped")
         except BaseException as e:  # noqa: BLE001 - reported to the daemon, which exits 1
             logger.exception("The training worker failed: %s", e)
@@ -216,13 +221,15 @@ class TrainingWorker:
                 self.stats.begin("computing")  # the next batch, forward, backward
                 self._step(next(batches))
                 consecutive_failures = 0
-            except (StopIteration, KeyboardInterrupt):
-                raise
+            except (StopIteration, KeyboardInterrupt, RankFailure):
+                raise  # a rank that died or hung is not retried: the daemon stops and systemd restarts the peer
             except StateLoadFailed as e:
                 logger.warning("%s; retrying after a pause", e)
                 self.stats.begin("pausing after a failed state download", 5.0)
                 self._stop.wait(5.0)
             except Exception as e:  # noqa: BLE001 - a failing step is survivable up to a bound
+                if self.ranks is not None:
+                    self.ranks.sync.abandon_step()  # the other ranks finish the step's collectives with us
                 consecutive_failures += 1
                 failures_since_start += 1
                 self.stats.record_failure(e)
@@ -247,17 +254,26 @@ class TrainingWorker:
 
     def _step(self, batch: Any) -> None:
         started = time.perf_counter()
+        if self.ranks is not None:  # the ranks step with us, on rank 0's parameters
+            self.ranks.sync.lead(
+                params_version=self._parameters_version(), epoch=self.optimizer.local_epoch,
+                loss_scale=self.precision.loss_scale() or 1.0,
+            )
         batch = move_to_device(batch, self.device)
         with self.precision.autocast():
             output = self.task.training_step(self.model, batch)
         loss = output.loss
         self.precision.backward(loss)
 
-        loss_value = float(loss.detach().float().item())
+        loss_value, samples = float(loss.detach().float().item()), output.batch_size
+        if self.ranks is not None:  # .grad becomes the mean over the ranks; hivemind gets the peer's whole batch
+            totals = self.ranks.sync.average_gradients(samples=samples, loss=loss_value)
+            loss_value, samples = totals.loss, totals.samples
+            self.ranks.stats.record(totals)
         epoch_before = self.optimizer.local_epoch
         self.stats.begin("optimizer step", self.settings.step_budget)
         optimizer_started = time.perf_counter()
-        if not math.isfinite(loss_value) or not self.precision.step(self.optimizer, output.batch_size):
+        if not math.isfinite(loss_value) or not self.precision.step(self.optimizer, samples):
             if math.isfinite(loss_value) and self.precision.loss_scaling:
                 # an fp16 overflow: the scaler lowered its scale and dropped the step (normal while it calibrates)
                 logger.debug("fp16 overflow: step skipped, loss scale now %s", self.precision.loss_scale())
@@ -277,7 +293,7 @@ class TrainingWorker:
             self._zero_grad()
         finished = time.perf_counter()
         self.stats.record_step(
-            samples=output.batch_size,
+            samples=samples,
             seconds=finished - started,
             loss=loss_value,
             optimizer_seconds=finished - optimizer_started,
@@ -328,6 +344,17 @@ class TrainingWorker:
             logger.info("Evaluation at epoch %d: %s (%.1f s)", epoch, shown, time.perf_counter() - started)
 
     # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _parameters_version(self) -> tuple:
+        """Changes whenever rank 0's parameters may have changed: hivemind's writes (SwarmOptimizer counts them),
+        the worker's own restores, and every global epoch (a strategy's outer step). The ranks' checksum every
+        100 steps is the backstop."""
+        return (getattr(self.optimizer, "parameters_version", None), self.stats.restores_total,
+                self.optimizer.local_epoch)
+
+    def restore_last_good_state(self) -> None:
+        """After the worker stopped mid-step (a rank died): put back the last parameters known good, to save."""
+        self._restore_backup()
 
     def _read_epoch_state(self) -> None:
         """Learning rates, loss scale and CUDA memory for the status and the tracking: once per epoch (the loss

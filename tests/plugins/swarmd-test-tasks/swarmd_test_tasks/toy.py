@@ -5,7 +5,7 @@ Data: `samples` inputs drawn once from a fixed seed, targets from the teacher pl
 - `shard`: exact data-parallel shards. The swarm's batch of global epoch e (told by set_epoch) is slice e of one
   permutation (seeded by `shard.data_seed`), `shard.count` x batch_size rows long, and peer `shard.index` takes its
   part of it. Peers with batch b and count 2 thus see, together, exactly the rows one process with batch 2b and
-  count 1 sees.
+  count 1 sees; so do ranks: a peer of 2 ranks with batch b reads, together, what one rank with batch 2b reads.
 For exact equivalence runs the LR can be held at 0 ("frozen", steps paced by `frozen_step_seconds`) until the
 swarm has formed: for `frozen_epochs` global epochs, or until `unfreeze_file` exists and names the first epoch to
 train at. `start_file` holds the first batch back until it exists; `trace_path` records epoch and loss per step.
@@ -118,7 +118,9 @@ class ToyRegressionTask(Task):
                 for start in range(0, len(x) - size + 1, size):
                     rows = order[start : start + size]
                     yield x[rows], y[rows]
-        per_epoch = size * shard.count  # rows of the swarm's batch in one global epoch
+        # a peer of several ranks (training.devices) splits its part further: rank r of R reads slot r of R
+        count, index = shard.count * self.context.ranks, shard.index * self.context.ranks + self.context.rank
+        per_epoch = size * count  # rows of the swarm's batch in one global epoch
         batches_per_pass = len(x) // per_epoch
         orders = {}
         while True:
@@ -126,7 +128,7 @@ class ToyRegressionTask(Task):
             if data_pass not in orders:
                 generator = torch.Generator().manual_seed(shard.data_seed + data_pass)
                 orders = {data_pass: torch.randperm(len(x), generator=generator)}
-            start = slot * per_epoch + shard.index * size
+            start = slot * per_epoch + index * size
             rows = orders[data_pass][start : start + size]
             yield x[rows], y[rows]
 

@@ -1,0 +1,80 @@
+"""The peer's ranks as the daemon and the worker use them: start, step protocol, per-rank figures, faults, stop.
+
+One object on rank 0 (the daemon) over the pieces of this package: the process group (`RankGroup`, or
+`TorchrunGroup` when torchrun started the ranks), rank 0's end of the step protocol (`StepSync`) and the per-rank
+figures (`RankStats`). None of it exists for a one-rank peer: the worker then trains exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["LocalRanks", "start_local_ranks"]
+
+_CONNECT_TIMEOUT = 300.0  # every rank imports torch, builds the task and the model before it reports ready
+
+
+@dataclass
+class LocalRanks:
+    group: Any  # ranks/group.py RankGroup or TorchrunGroup
+    sync: Any  # ranks/step_sync.py StepSync, rank 0's end
+    stats: Any  # ranks/rank_stats.py RankStats
+    devices: tuple
+
+    def dead_rank(self) -> Optional[str]:
+        """"rank 1 (cpu) was killed by SIGKILL", or None while every rank lives."""
+        return self.group.dead_rank()
+
+    def report(self) -> dict[str, Any]:
+        """What the status shows of the ranks (status/snapshot.py: devices, ranks, ranks_dead, ...)."""
+        return {
+            "devices": self.devices,
+            "ranks": tuple(self.stats.snapshot()),
+            "ranks_dead": self.dead_rank(),
+            "ranks_repairs_total": self.sync.repairs_total,
+        }
+
+    def stop(self) -> None:
+        """From the worker, after its last step: the ranks leave their loop (and their exit is expected)."""
+        self.group.expect_exit()
+        self.sync.lead_stop()
+
+    def close(self, timeout: float) -> bool:
+        return self.group.close(timeout)
+
+
+async def start_local_ranks(config, *, devices, model, init_seed: int, data_seed: int) -> Optional[LocalRanks]:
+    """Start and connect ranks 1..N-1 (or join torchrun's group); None for a one-rank peer.
+
+    `start()` runs on the calling (main) thread: the children's PDEATHSIG follows the thread that forked them.
+    A rank that cannot start raises RankFailure naming it (the daemon exits 1)."""
+    from swarmd.ranks.group import RankGroup, TorchrunGroup, rank_timeouts
+    from swarmd.ranks.layout import torchrun_rank
+    from swarmd.ranks.rank_stats import RankStats
+    from swarmd.ranks.step_sync import StepSync
+
+    place = torchrun_rank(os.environ)
+    leader_timeout, follower_timeout = rank_timeouts(config)
+    if place is not None:
+        group = TorchrunGroup(
+            place, device=str(devices[0]), data_seed=data_seed, environ=os.environ, leader_timeout=leader_timeout
+        )
+    elif len(devices) > 1:
+        group = RankGroup(
+            devices=[str(d) for d in devices], config_data=config.to_dict(), workdir=config.state_path,
+            init_seed=init_seed, data_seed=data_seed, leader_timeout=leader_timeout,
+            follower_timeout=follower_timeout, threads=config.training.threads,
+        )
+    else:
+        return None
+    group.start()
+    try:
+        await asyncio.to_thread(group.connect, _CONNECT_TIMEOUT)
+    except BaseException:
+        group.close(10.0)
+        raise
+    sync = StepSync(model, rank=0, world_size=group.world_size, device=devices[0], describe_failure=group.dead_rank)
+    return LocalRanks(group=group, sync=sync, stats=RankStats(group.devices), devices=tuple(group.devices))
