@@ -46,6 +46,15 @@ def test_swin_t_builds_at_full_size():
     assert 28.0e6 < _parameters(model) < 28.6e6  # Swin-T: 28.3M
 
 
+def test_swin_t_schedule_is_the_papers_in_imagenet_passes():
+    """warmup_epochs and total_epochs count global epochs (one per target_batch_size images), not passes."""
+    config = load_config(_config("swin-t-imagenet.yaml"), environ={})
+    optim = config.task.settings.optim
+    global_epochs_per_pass = 1_281_167 / config.swarm.target_batch_size  # ImageNet-1k training images
+    assert abs(optim.warmup_epochs / global_epochs_per_pass - 20) < 0.01  # Swin: 20 of 300 passes warm-up
+    assert abs(optim.total_epochs / global_epochs_per_pass - 300) < 0.01
+
+
 def test_albert_large_builds_at_full_size():
     from swarmd.tasks.albert.model import build_albert
 
