@@ -69,7 +69,7 @@ def signed_dynamic_codebook() -> torch.Tensor:
     """bitsandbytes' `create_dynamic_map(signed=True)`: 256 sorted float32 codes in [-1, 1], dense near 0.
 
     Each of 7 decades (1e-6..1e0) gets 2^i linearly spaced codes of each sign (i = 0..6), plus 0 and 1. Senders
-    put their codebook on the wire, so this only has to be a good code, not bitsandbytes' bit for bit.
+    put their codebook on the wire, so receivers need not know it; it equals bitsandbytes' (a test checks it).
     """
     max_exponent_bits, non_sign_bits = 7, 7
     codes: list[float] = []
