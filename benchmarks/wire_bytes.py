@@ -35,6 +35,7 @@ STRATEGIES = {
     "local5": {"use_local_updates": True, "average_state_every": 5},
 }
 COMPRESSIONS = ("none", "fp16", "scaled-fp16")
+EIGHT_BIT = ("uint8", "quantile8", "blockwise8")  # not in the default run; --variants sync/blockwise8 ...
 DEFAULT_VARIANTS = ["sync1/none"] + [f"{strategy}/{c}" for strategy in ("sync", "dpu", "local5") for c in COMPRESSIONS]
 
 
@@ -94,8 +95,9 @@ def main() -> None:
     args = parser.parse_args()
     for variant in args.variants:
         strategy, _, compression = variant.partition("/")
-        if strategy not in STRATEGIES or compression not in COMPRESSIONS:
-            parser.error(f"variant {variant!r}: use STRATEGY/COMPRESSION with {sorted(STRATEGIES)} x none|fp16|scaled-fp16")
+        if strategy not in STRATEGIES or compression not in COMPRESSIONS + EIGHT_BIT:
+            parser.error(f"variant {variant!r}: use STRATEGY/COMPRESSION with {sorted(STRATEGIES)} x "
+                         f"{'|'.join(COMPRESSIONS + EIGHT_BIT)}")
 
     ideal = 2 * (PEERS - 1) / PEERS * MODEL_BYTES
     with tempfile.TemporaryDirectory() as tmp:

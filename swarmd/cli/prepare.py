@@ -26,7 +26,7 @@ def albert(
     ),
     output: str = typer.Option(..., "--output", "-o", help="Directory to write; the task's task.data.path."),
     dataset_config: Optional[str] = typer.Option(
-        None, "--dataset-config", help="Configuration of a datasets input, e.g. wikitext-103-raw-v1."
+        None, "--dataset-config", help="Configuration of a datasets input, e.g. wikitext-103-v1."
     ),
     text_column: str = typer.Option("text", "--text-column", help="Column holding the text of a datasets input."),
     max_seq_length: int = typer.Option(512, "--max-seq-length", min=16, help="Tokens per sentence pair."),

@@ -161,6 +161,13 @@ class SwarmConfig(StrictModel):
         description="Restore the last good parameters when one global epoch moved them by more than this fraction "
         "of their norm (poisoned parameter averaging); state downloaded from peers is exempt. 0: off.",
     )
+    clip_local_grad_norm: Optional[float] = Field(
+        None,
+        gt=0,
+        description="Clip each local step's gradient to this global norm before it joins the swarm's average, as "
+        "hivemind's ALBERT example does (HF Trainer's max_grad_norm); task.optim.max_grad_norm clips the averaged "
+        "gradient instead. Needs reuse_grad_buffers: false. null: off.",
+    )
     averager_opts: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for hivemind's averagers (advanced)."
     )
@@ -180,6 +187,12 @@ class SwarmConfig(StrictModel):
             raise ValueError("delay_optimizer_step needs offload_optimizer: true")
         if self.use_local_updates and (self.reuse_grad_buffers or self.delay_grad_averaging):
             raise ValueError("use_local_updates cannot be combined with reuse_grad_buffers or delay_grad_averaging")
+        return self
+
+    @model_validator(mode="after")
+    def _check_local_clipping(self) -> "SwarmConfig":
+        if self.clip_local_grad_norm is not None and self.reuse_grad_buffers:
+            raise ValueError("clip_local_grad_norm needs reuse_grad_buffers: false (.grad would hold the epoch's sum)")
         return self
 
 

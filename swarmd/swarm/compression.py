@@ -9,25 +9,21 @@ __all__ = ["make_compression"]
 
 def make_compression(name: str, field: str):
     import hivemind.compression as hc
-    import numpy
 
+    from swarmd.swarm.quantization import Blockwise8Bit, Quantile8Bit, Uniform8Bit, register_fixed_quantizers
+
+    # whatever this peer sends, it must decode the 8-bit parts other peers send (before the averagers fork)
+    register_fixed_quantizers()
     if name == "none":
         return hc.NoCompression()
     if name == "fp16":
         return hc.Float16Compression()
     if name == "scaled-fp16":
         return hc.ScaledFloat16Compression()
-    if name in ("uint8", "quantile8"):
-        if int(numpy.__version__.split(".")[0]) >= 2:
-            raise ConfigError(
-                f"{field}: {name} fails to decode with NumPy 2 in hivemind 1.1.12 (fixed upstream after that tag); "
-                "use fp16 or scaled-fp16, or install numpy<2"
-            )
-        return hc.Uniform8BitQuantization() if name == "uint8" else hc.Quantile8BitQuantization()
+    if name == "uint8":
+        return Uniform8Bit()
+    if name == "quantile8":
+        return Quantile8Bit()
     if name == "blockwise8":
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            raise ConfigError(f"{field}: blockwise8 needs the bitsandbytes package; pip install bitsandbytes") from None
-        return hc.BlockwiseQuantization()
+        return Blockwise8Bit()
     raise ConfigError(f"{field}: unknown compression {name!r}")

@@ -142,8 +142,10 @@ class SwarmOptimizer(Optimizer):
         load_state_attempts: int = 3,
         prescheduled_averaging: bool = True,
         guard_gradient_norm_ratio: float = 0.0,
+        clip_local_grad_norm: Optional[float] = None,
         **kwargs,
     ):
+        self.clip_local_grad_norm = clip_local_grad_norm
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.load_state_attempts = load_state_attempts
@@ -157,6 +159,18 @@ class SwarmOptimizer(Optimizer):
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
         super().__init__(**kwargs)
+
+    def step(self, closure=None, batch_size=None, grad_scaler=None):
+        # Each local step's own (unscaled) gradient is clipped before hivemind accumulates it, as hivemind's ALBERT
+        # example does through HF Trainer's max_grad_norm; a scaled, accumulating .grad (grad_scaler) is refused by
+        # the config, since clipping it would clip a partial sum.
+        if self.clip_local_grad_norm and not self.auxiliary and grad_scaler is None:
+            import torch
+
+            params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+            if params:
+                torch.nn.utils.clip_grad_norm_(params, self.clip_local_grad_norm)
+        return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
 
     # --- observation ---------------------------------------------------------------------------------------
 
@@ -331,6 +345,7 @@ def build_swarm_optimizer(*, dht, config, model, task, averaging_log: AveragingL
         load_state_attempts=swarm.load_state_attempts,
         prescheduled_averaging=swarm.prescheduled_averaging,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
+        clip_local_grad_norm=swarm.clip_local_grad_norm,
         dht=dht,
         run_id=config.run_id,
         target_batch_size=swarm.target_batch_size,

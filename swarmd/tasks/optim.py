@@ -26,6 +26,11 @@ class OptimConfig(StrictModel):
         1.0, gt=0, description="Clip the AVERAGED gradient to this global norm inside the optimizer step; null: off."
     )
     trust_clip: bool = Field(False, description="LAMB: clip the trust ratio at 1 (LAMBC).")
+    always_adapt: bool = Field(
+        False,
+        description="LAMB: apply the trust ratio to every parameter, also those without weight decay (biases, "
+        "norms), as torch_optimizer's LAMB in hivemind's ALBERT example; timm's default skips them.",
+    )
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
     warmup_epochs: int = Field(5, ge=0, description="Linear warm-up length in global epochs.")
     total_epochs: int = Field(1000, ge=1, description="Global epochs until the schedule reaches min_lr_ratio.")
@@ -66,6 +71,7 @@ def build_optimizer(config: OptimConfig, param_groups: list[dict[str, Any]]):
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
             trust_clip=config.trust_clip,
+            always_adapt=config.always_adapt,
         )
     optimizer_cls = _with_grad_clipping(torch.optim.AdamW) if config.max_grad_norm else torch.optim.AdamW
     optimizer = optimizer_cls(
