@@ -21,7 +21,7 @@ over the repeats. Needs root; every namespace, veth, bridge and qdisc is removed
 Ctrl-C, and leftovers of a crashed earlier run are removed at the start.
 
     sudo python benchmarks/wan.py                       # 1000, 100, 20 Mbit/s, all strategies (about an hour)
-    sudo python benchmarks/wan.py --quick               # 20 Mbit/s, a short budget (about 6 minutes)
+    sudo python benchmarks/wan.py --quick               # 20 Mbit/s, a 2-epoch budget (minutes; see PERFORMANCE.md)
     sudo python benchmarks/wan.py --rates 20 --strategies sync local --epochs 8
 """
 
@@ -58,7 +58,7 @@ STRATEGIES = {
 }
 HIVEMIND_PROFILES = {"hivemind-defaults": "defaults", "hivemind-tuned": "tuned"}
 QUICK = {"rates": [20.0], "epochs": 2, "repeats": 1}
-# Root-owned leftovers are ours only by name; a namespace's pid in its name tells a crashed run from a live one.
+# turned into SystemExit, so that the finally clause removes the namespaces (SIGINT already raises)
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
