@@ -14,14 +14,15 @@ from typing import Optional
 
 __all__ = ["AveragingRound", "AveragingLog", "KINDS", "OUTCOMES"]
 
-KINDS = ("gradients", "state")
-OUTCOMES = ("success", "failed", "skipped", "rejected")  # rejected: averaged fine, result implausible
+KINDS = ("gradients", "state", "outer")  # outer: a DiLoCo round of pseudo-gradients (swarm/diloco.py)
+# rejected: averaged fine, result implausible; local: a DiLoCo outer step on this peer's own pseudo-gradient
+OUTCOMES = ("success", "failed", "skipped", "rejected", "local")
 
 
 @dataclass(frozen=True)
 class AveragingRound:
-    kind: str  # gradients | state
-    outcome: str  # success | failed | skipped | rejected
+    kind: str  # gradients | state | outer
+    outcome: str  # success | failed | skipped | rejected | local
     group_size: int  # peers in the group, this one included (1 when skipped or failed)
     duration_seconds: float
     epoch: int
