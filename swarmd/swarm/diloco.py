@@ -132,16 +132,21 @@ class _RoundProgressTracker(ThrottledProgressTracker):
     target: a DiLoCo round ends when every peer has taken its own H steps. Its target_batch_size is this peer's
     round in samples (H x batch), which assumes peers of one run use the same batch size (docs/DILOCO.md)."""
 
+    other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
+
     def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
         progress = super()._parse_swarm_progress_data(metadata)
         if not isinstance(metadata, dict) or not metadata:
+            self.other_peers = 0
             return progress
         now = get_dht_time()
-        slowest = 0.0
+        slowest, others = 0.0, 0
+        own_id = self.dht.peer_id.to_bytes()
         for entry in metadata.values():
             if entry.value is None:
                 continue
             peer = LocalTrainingProgress.parse_obj(entry.value)
+            others += peer.peer_id != own_id
             if peer.epoch != progress.epoch:
                 continue
             done = peer.samples_accumulated + max(0.0, now - peer.time) * peer.samples_per_second
@@ -153,7 +158,12 @@ class _RoundProgressTracker(ThrottledProgressTracker):
         waiting = self.local_progress.samples_accumulated >= self.target_batch_size
         refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
         progress.next_fetch_time = now + refresh
+        self.other_peers = others
         return progress
+
+    def publish_now(self) -> None:
+        """Publish this peer's progress without the throttle's delay (its round is done: others wait on it)."""
+        self._request_publication(urgent=True)
 
     def refresh_now(self) -> None:
         """Fetch the swarm's progress at once (e.g. when this peer's round is done and it starts waiting)."""
@@ -297,11 +307,15 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def _outer_parameters(self) -> list:
         return [param for group in self.state_averager.optimizer.param_groups for param in group["params"]]
 
+    def _alone(self) -> bool:
+        return self.tracker.other_peers == 0
+
     def _swarm_moved_on(self, epoch: int) -> bool:
-        return self.tracker.global_epoch > epoch and self.tracker.global_progress.num_peers > 1
+        return self.tracker.global_epoch > epoch and not self._alone()
 
     def _outer_step(self) -> None:
         epoch = self.local_epoch
+        self.tracker.publish_now()
         self.tracker.refresh_now()
         self._wait_for_stragglers(epoch)
         if self._swarm_moved_on(epoch):
@@ -336,7 +350,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
         self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
 
-        if self.tracker.global_progress.num_peers > 1 and self._should_average_state(epoch + 1):
+        if not self._alone() and self._should_average_state(epoch + 1):
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
@@ -355,7 +369,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         deadline = time.monotonic() + self.max_straggler_wait
         while True:
             progress = self.tracker.global_progress
-            if progress.num_peers <= 1 or progress.epoch > epoch:
+            if self._alone() or progress.epoch > epoch:
                 return
             eta = progress.eta_next_epoch - get_dht_time()
             if eta <= self.matchmaking_time:
@@ -376,7 +390,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
 
     def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str]:
         """(pseudo-gradient to step on, outcome, group size, why not averaged) for this round."""
-        if self.tracker.global_progress.num_peers <= 1:
+        if self._alone():
             return own, "local", 1, "alone in the swarm"
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             for tensor, mine in zip(tensors, own):
@@ -424,9 +438,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
         raises StateLoadFailed). This peer then takes the rest of the swarm's round from the outer parameters."""
         with self.tracker.pause_updates():
             self._download_state_bounded(**kwargs)
+            # the tracker's view of the swarm may be older than the state that came: let it not send us back
+            self.tracker.update_epoch(new_epoch=self.local_epoch)
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
-            self._should_check_synchronization_on_update = True
         self._round_samples = 0
         self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
         logger.info(
