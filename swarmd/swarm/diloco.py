@@ -292,6 +292,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
             return loss  # these gradients belong to parameters the swarm has moved past
 
         averager = self.state_averager
+        if averager.round_steps >= self.inner_steps:
+            # the state came from a peer that had finished its round: join that round before any inner step
+            self._outer_step()
+            return loss
         with averager.lock_optimizer:
             self.inner_optimizer.step()
             averager.round_steps += 1
@@ -342,6 +346,13 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 tensor.zero_()
             weight = 0.0
         pseudo_gradient, outcome, group_size, why = self._average(own, weight, epoch)
+        if outcome == "local" and weight == 0 and not self._alone():
+            # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
+            # and leave this peer apart from the swarm for good; take the swarm's result instead
+            logger.warning("Outer step %d failed for a peer with nothing to contribute (%s): downloading", epoch, why)
+            self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
+            self.load_state_from_peers()
+            return
         self._apply_outer_step(pseudo_gradient)
         duration = time.perf_counter() - started
         if outcome == "success":
