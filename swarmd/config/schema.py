@@ -234,6 +234,8 @@ class SwarmConfig(StrictModel):
             ("offload_optimizer", self.offload_optimizer is not None, "diloco keeps the outer optimizer on the host "
              "and the task's optimizer with the model"),
             ("auxiliary", self.auxiliary, "auxiliary peers are not supported with diloco"),
+            ("average_opt_statistics", bool(self.average_opt_statistics), "diloco averages the outer momentum "
+             "with the parameters, and the inner optimizer's statistics stay each peer's own"),
         ]
         for name, is_set, why in contradictions:
             if is_set:

@@ -18,8 +18,10 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   peer of another outer step is rejected ("outer", "rejected") and the own pseudo-gradient used instead;
 - a peer that finds the swarm already past the round it just finished downloads the swarm's state (outer
   parameters, outer momentum, inner optimizer state, and how far the swarm is into the round) instead;
-- parameters are averaged only at the first outer step (peers started from different seeds become equal) and
-  every `diloco.average_state_every` outer steps when asked.
+- parameters (with the outer momentum) are averaged only at the first outer step (peers started from different
+  seeds become equal), at the first outer step with company after one on this peer's own pseudo-gradient (peers
+  that were alone or failed a round together become equal again), and every `diloco.average_state_every` outer
+  steps when asked.
 docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 """
 
@@ -124,7 +126,25 @@ class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
             self.round_steps = int(diloco.get("round_steps", 0))
         else:
             self.round_steps = 0
+        self._share_statistics()
         self._update_scheduler()
+
+    @torch.no_grad()
+    def _share_statistics(self) -> None:
+        """Averaged optimizer statistics (the outer momentum) must stay the very tensors the averager holds
+        (reuse_tensors): a load replaces the optimizer's tensors, so copy the values back into the shared ones."""
+        if not self.opt_keys_for_averaging or not self.reuse_tensors:
+            return
+        opt_parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
+        with self.get_tensors() as averaged:
+            index = len(opt_parameters)
+            for key in self.opt_keys_for_averaging:
+                for param in opt_parameters:
+                    shared, current = averaged[index], self.optimizer.state[param][key]
+                    if current is not shared:
+                        shared.copy_(current)
+                        self.optimizer.state[param][key] = shared
+                    index += 1
 
 
 class _RoundProgressTracker(ThrottledProgressTracker):
@@ -209,6 +229,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.diloco_average_state_every = average_state_every
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
         self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
+        # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
+        self._apart_from_swarm = False
 
         def outer_optimizer(groups):
             # the task's group options (weight decay, ...) belong to the inner optimizer only
@@ -233,6 +255,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             delay_grad_averaging=False,
             delay_optimizer_step=False,
             average_state_every=max(1, average_state_every),
+            # parameter averaging (first step, repairs, average_state_every) averages the outer momentum with them
+            average_opt_statistics=("momentum_buffer",) if outer_momentum > 0 else (),
             **kwargs,
         )
         self.inner_optimizer = inner_optimizer(param_groups)  # on the model's parameters themselves
@@ -362,12 +386,19 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
 
         if not self._alone() and self._should_average_state(epoch + 1):
+            if self._apart_from_swarm:
+                logger.info("Averaging parameters and outer momentum after outer step %d: this peer stepped on its own", epoch)
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
                 wait_for_delayed_updates=True,
                 averaging_opts=dict(timeout=self.averaging_timeout),
             )
+            self._apart_from_swarm = False
+        if outcome == "local":
+            # alone or a failed round: the others (or peers that come later) stepped otherwise; the next outer step
+            # with company averages the outer state, or the peers would stay apart for good (docs/DILOCO.md)
+            self._apart_from_swarm = True
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=self.local_epoch)
             self._should_check_synchronization_on_update = True
@@ -440,7 +471,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
 
     def _should_average_state(self, next_epoch: int) -> bool:
         every = self.diloco_average_state_every
-        return next_epoch == 1 or (every > 0 and next_epoch % every == 0)
+        return self._apart_from_swarm or next_epoch == 1 or (every > 0 and next_epoch % every == 0)
 
     # --- joining, checkpoints, shutdown ------------------------------------------------------------------------
 
@@ -454,6 +485,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
         self._round_samples = 0
+        self._apart_from_swarm = False
         self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
         logger.info(
             "Took the swarm's state at outer step %d, %d inner steps into the round (inner step %d)",
@@ -496,7 +528,11 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 if "outer_param" in entry:
                     param.copy_(entry["outer_param"])
                 if "outer_momentum" in entry:
-                    outer_state.setdefault(param, {})["momentum_buffer"] = entry["outer_momentum"].to(param).clone()
+                    momentum = outer_state[param].get("momentum_buffer")
+                    if momentum is None:
+                        outer_state[param]["momentum_buffer"] = entry["outer_momentum"].to(param).clone()
+                    else:
+                        momentum.copy_(entry["outer_momentum"])  # in place: the state averager shares this tensor
         if epoch is not None:
             self.state_averager.local_epoch = int(epoch)
         self.state_averager.round_steps = int(round_steps)
@@ -538,7 +574,6 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
             swarm.state_averaging_compression, "swarm.state_averaging_compression"
         ),
         load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
-        average_opt_statistics=tuple(swarm.average_opt_statistics),
         extra_tensors=tuple(task.extra_tensors(model)),
         averager_opts=averager_opts,
         tracker_opts=dict(swarm.tracker_opts),
