@@ -369,7 +369,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for tensor in own:
                 tensor.zero_()
             weight = 0.0
-        pseudo_gradient, outcome, group_size, why = self._average(own, weight, epoch)
+        pseudo_gradient, outcome, group_size, why, group_apart = self._average(own, weight, epoch)
         if outcome == "local" and weight == 0 and not self._alone():
             # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
             # and leave this peer apart from the swarm for good; take the swarm's result instead
@@ -385,9 +385,11 @@ class DiLoCoOptimizer(SwarmOptimizer):
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
         self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
 
-        if not self._alone() and self._should_average_state(epoch + 1):
-            if self._apart_from_swarm:
-                logger.info("Averaging parameters and outer momentum after outer step %d: this peer stepped on its own", epoch)
+        # every peer of the group decides alike (the flags came with the round), so they average state together
+        if outcome == "success" and (group_apart or self._should_average_state(epoch + 1)):
+            if group_apart:
+                logger.info("Averaging parameters and outer momentum after outer step %d: a peer of the group had "
+                            "stepped on its own pseudo-gradient", epoch)
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
@@ -395,9 +397,9 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 averaging_opts=dict(timeout=self.averaging_timeout),
             )
             self._apart_from_swarm = False
-        if outcome == "local":
-            # alone or a failed round: the others (or peers that come later) stepped otherwise; the next outer step
-            # with company averages the outer state, or the peers would stay apart for good (docs/DILOCO.md)
+        if outcome in ("local", "rejected"):
+            # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
+            # succeeds with company averages the outer state, or the peers would stay apart for good
             self._apart_from_swarm = True
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=self.local_epoch)
@@ -430,31 +432,35 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for outer, main in zip(self._outer_parameters(), self.state_averager.main_parameters)
         ]
 
-    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str]:
-        """(pseudo-gradient to step on, outcome, group size, why not averaged) for this round."""
+    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str, bool]:
+        """(pseudo-gradient to step on, outcome, group size, why not averaged, whether a peer of the group has
+        stepped apart from the swarm since it last averaged state) for this round."""
         if self._alone():
-            return own, "local", 1, "alone in the swarm"
+            return own, "local", 1, "alone in the swarm", False
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             for tensor, mine in zip(tensors, own):
                 tensor.copy_(mine)
         control = None
         try:
-            control = self.outer_averager.step(weight=weight, gather=epoch, timeout=self.averaging_timeout, wait=False)
+            gather = [epoch, self._apart_from_swarm]
+            control = self.outer_averager.step(weight=weight, gather=gather, timeout=self.averaging_timeout, wait=False)
             gathered = control.result(self.averaging_timeout + self.matchmaking_time)
             if not gathered:
                 raise RuntimeError("the averaging round found no group")
         except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
             if control is not None and not control.done():
                 control.cancel()
-            return own, "local", 1, f"the round failed: {e!r}"
+            return own, "local", 1, f"the round failed: {e!r}", False
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]
-        others = sorted({value for value in gathered.values() if value != epoch}, key=repr)
+        gathered = [tuple(value) if isinstance(value, (list, tuple)) and len(value) == 2 else (value, False)
+                    for value in gathered.values()]
+        others = sorted({peer_epoch for peer_epoch, _ in gathered if peer_epoch != epoch}, key=repr)
         problem = f"peers of outer step {others} took part" if others else ""
         problem = problem or implausible_average(own, averaged, self.pseudo_gradient_guard_ratio)
         if problem:
-            return own, "rejected", len(gathered), f"rejected the average: {problem}"
-        return averaged, "success", len(gathered), ""
+            return own, "rejected", len(gathered), f"rejected the average: {problem}", False
+        return averaged, "success", len(gathered), "", any(bool(apart) for _, apart in gathered)
 
     @torch.no_grad()
     def _apply_outer_step(self, pseudo_gradient: list) -> None:
@@ -471,7 +477,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
 
     def _should_average_state(self, next_epoch: int) -> bool:
         every = self.diloco_average_state_every
-        return self._apart_from_swarm or next_epoch == 1 or (every > 0 and next_epoch % every == 0)
+        return next_epoch == 1 or (every > 0 and next_epoch % every == 0)
 
     # --- joining, checkpoints, shutdown ------------------------------------------------------------------------
 
