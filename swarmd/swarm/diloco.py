@@ -377,18 +377,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
             self.load_state_from_peers()
             return
-        self._apply_outer_step(pseudo_gradient)
-        duration = time.perf_counter() - started
-        if outcome == "success":
-            logger.info("Outer step %d: averaged pseudo-gradients with %d peers (%.2f s)", epoch, group_size, duration)
-        else:
-            logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
-        self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
-
-        # every peer of the group decides alike (the flags came with the round), so they average state together
+        # Every peer of the group decides alike (the flags came with the round), so they average state together,
+        # before the outer step and at this epoch: a peer that downloads the state meanwhile gets this epoch's,
+        # finds the round over and downloads again, never a state from before the repair labelled as after it.
         if outcome == "success" and (group_apart or self._should_average_state(epoch + 1)):
             if group_apart:
-                logger.info("Averaging parameters and outer momentum after outer step %d: a peer of the group had "
+                logger.info("Averaging parameters and outer momentum at outer step %d: a peer of the group had "
                             "stepped on its own pseudo-gradient", epoch)
             self.state_averager.step(
                 averaging_round=True,
@@ -397,6 +391,13 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 averaging_opts=dict(timeout=self.averaging_timeout),
             )
             self._apart_from_swarm = False
+        self._apply_outer_step(pseudo_gradient)
+        duration = time.perf_counter() - started
+        if outcome == "success":
+            logger.info("Outer step %d: averaged pseudo-gradients with %d peers (%.2f s)", epoch, group_size, duration)
+        else:
+            logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
+        self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
         if outcome in ("local", "rejected"):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
             # succeeds with company averages the outer state, or the peers would stay apart for good
@@ -442,6 +443,9 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 tensor.copy_(mine)
         control = None
         try:
+            # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
+            # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
+            self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
             gather = [epoch, self._apart_from_swarm]
             control = self.outer_averager.step(weight=weight, gather=gather, timeout=self.averaging_timeout, wait=False)
             gathered = control.result(self.averaging_timeout + self.matchmaking_time)
@@ -465,7 +469,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
     @torch.no_grad()
     def _apply_outer_step(self, pseudo_gradient: list) -> None:
         averager = self.state_averager
-        with averager.lock_optimizer:
+        # lock_averaged_tensors too: a peer downloading the state meanwhile gets it whole, before or after
+        with averager.lock_optimizer, averager.lock_averaged_tensors:
             for param, gradient in zip(self._outer_parameters(), pseudo_gradient):
                 param.grad.copy_(gradient)
             averager.optimizer.step()

@@ -20,7 +20,7 @@ from daemons import peer_config
 
 BATCH = 16
 H = 4
-MAX_EPOCHS = 14  # outer steps; the peers stop here
+MAX_EPOCHS = 10  # outer steps; the peers stop here
 TRAINED = 5  # at least this many trained outer steps are compared
 TOLERANCE = 1e-4  # relative
 TASK = {"name": "toy-regression", "lr": 0.2, "lr_decay": 0.05, "frozen_step_seconds": 0.05}
