@@ -291,7 +291,6 @@ class SwarmOptimizer(Optimizer):
                 if not self.client_mode:
                     self.grad_averager.state_sharing_priority = self.local_epoch
 
-
     def _download_state_bounded(self, **kwargs) -> None:
         """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
         for attempt in range(1, self.load_state_attempts + 1):
