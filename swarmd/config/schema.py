@@ -21,6 +21,7 @@ __all__ = [
     "StrictModel",
     "NetworkConfig",
     "SwarmConfig",
+    "DiLoCoConfig",
     "TrainingConfig",
     "CheckpointConfig",
     "DaemonConfig",
@@ -88,6 +89,38 @@ class NetworkConfig(StrictModel):
             if any(proto in ("tcp", "udp") and port == "0" for proto, port in zip(parts, parts[1:])):
                 raise ValueError(f"{addr!r}: announced addresses need an explicit port, not 0")
         return value
+
+
+class DiLoCoConfig(StrictModel):
+    """swarm.strategy: diloco (docs/DILOCO.md). Every peer takes `inner_steps` steps of the task's own optimizer on its
+    own, then the swarm averages the pseudo-gradients (outer parameters minus local ones) and takes one outer Nesterov
+    step: one global epoch. Peers of one run must agree on all of these."""
+
+    inner_steps: int = Field(
+        500, ge=1, description="H: local steps of the task's optimizer per outer step (one global epoch)."
+    )
+    outer_lr: float = Field(0.7, gt=0, description="Learning rate of the outer SGD on the averaged pseudo-gradient.")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Momentum of the outer SGD.")
+    nesterov: bool = Field(True, description="Nesterov momentum for the outer SGD (DiLoCo's choice).")
+    max_straggler_wait: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds a peer that finished its inner steps waits for slower peers to come within "
+        "matchmaking_time of finishing theirs; then the round goes without them (they download the result). "
+        "0: never wait. At most 2 x averaging_timeout, the watchdog's allowance for an optimizer step.",
+    )
+    average_state_every: int = Field(
+        0,
+        ge=0,
+        description="Also average the outer parameters every this many outer steps (twice the traffic of that "
+        "step). 0: only at the first outer step, which makes peers that started from different seeds equal.",
+    )
+
+    @model_validator(mode="after")
+    def _check_nesterov(self) -> "DiLoCoConfig":
+        if self.nesterov and self.outer_momentum == 0:
+            raise ValueError("nesterov needs outer_momentum above 0 (or nesterov: false)")
+        return self
 
 
 class SwarmConfig(StrictModel):
@@ -176,6 +209,13 @@ class SwarmConfig(StrictModel):
         description="Extra keyword arguments for hivemind's ProgressTracker (advanced), plus report_interval: "
         "seconds between progress publications to the DHT (default 0.5; 0: after every step, as upstream).",
     )
+    strategy: Literal["sync", "diloco"] = Field(
+        "sync",
+        description="sync: hivemind.Optimizer, one averaging round per global epoch of target_batch_size samples "
+        "(the settings above). diloco: swarm.diloco's inner steps between rounds of pseudo-gradient averaging, for "
+        "slow links (docs/DILOCO.md). Every peer of a run must use the same strategy.",
+    )
+    diloco: DiLoCoConfig = Field(default_factory=DiLoCoConfig, description="Settings of strategy: diloco.")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "SwarmConfig":
@@ -193,6 +233,34 @@ class SwarmConfig(StrictModel):
     def _check_local_clipping(self) -> "SwarmConfig":
         if self.clip_local_grad_norm is not None and self.reuse_grad_buffers:
             raise ValueError("clip_local_grad_norm needs reuse_grad_buffers: false (.grad would hold the epoch's sum)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_strategy(self) -> "SwarmConfig":
+        if self.strategy != "diloco":
+            return self
+        # DiLoCo steps the task's optimizer on every local step and averages once per H steps: the sync strategy's
+        # ways of accumulating, delaying and offloading have nothing to act on, so setting them is a mistake.
+        contradictions = [
+            ("use_local_updates", self.use_local_updates, "diloco always steps locally"),
+            ("reuse_grad_buffers", self.reuse_grad_buffers, "inner steps consume .grad at every step"),
+            ("delay_grad_averaging", self.delay_grad_averaging, "diloco averages pseudo-gradients, not gradients"),
+            ("delay_optimizer_step", bool(self.delay_optimizer_step), "the outer step runs in the foreground"),
+            ("offload_optimizer", self.offload_optimizer is not None, "diloco keeps the outer optimizer on the host "
+             "and the task's optimizer with the model"),
+            ("auxiliary", self.auxiliary, "auxiliary peers are not supported with diloco"),
+            ("average_opt_statistics", bool(self.average_opt_statistics), "diloco averages the outer momentum "
+             "with the parameters, and the inner optimizer's statistics stay each peer's own"),
+        ]
+        for name, is_set, why in contradictions:
+            if is_set:
+                raise ValueError(f"{name} does not apply to strategy: diloco ({why}); remove it or use strategy: sync")
+        if self.diloco.max_straggler_wait > 2 * self.averaging_timeout:
+            raise ValueError(
+                f"diloco.max_straggler_wait {self.diloco.max_straggler_wait:g} exceeds 2 x averaging_timeout "
+                f"({2 * self.averaging_timeout:g} s), the watchdog's allowance for an optimizer step; lower it or "
+                "raise averaging_timeout"
+            )
         return self
 
 

@@ -30,7 +30,7 @@ from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.progress import ThrottledProgressTracker
 
-__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_swarm_optimizer"]
+__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_swarm_optimizer", "implausible_average"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,23 @@ class _GradientAveragerKeepingOwn(_UpstreamRpcNames, GradientAverager):
                     own.copy_(tensor)
 
 
+def implausible_average(own: list, averaged: list, norm_ratio: float) -> str:
+    """Why an average of peers' tensors cannot be trusted against this peer's own contribution, or "" if it can.
+
+    An honest average is a weighted mean of similar tensors, so its norm is at most the largest of them: far above
+    this peer's own norm means someone sent garbage (or a reducer returned it). `norm_ratio` 0 checks finiteness only.
+    """
+    import torch
+
+    own_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(own))))
+    average_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(averaged))))
+    if average_norm != average_norm or average_norm == float("inf"):
+        return "the average is not finite"
+    if norm_ratio > 0 and own_norm > 0 and average_norm > norm_ratio * own_norm:
+        return f"its norm {average_norm:.3g} is {average_norm / own_norm:.3g}x this peer's {own_norm:.3g}"
+    return ""
+
+
 class SwarmOptimizer(Optimizer):
     def __init__(
         self,
@@ -174,13 +191,16 @@ class SwarmOptimizer(Optimizer):
 
     # --- observation ---------------------------------------------------------------------------------------
 
+    _state_averager_type: type = _ObservedStateAverager  # subclasses may give a subclass of it
+    _state_averager_suffix = "_state_averager"  # upstream's prefix: run_id + this
+
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # Same arguments as upstream's, with the recording subclass.
-        return _ObservedStateAverager(
+        return self._state_averager_type(
             averaging_log=self.averaging_log,
             on_state_loaded=self._count_state_load,
             dht=self.dht,
-            prefix=f"{self.run_id}_state_averager",
+            prefix=f"{self.run_id}{self._state_averager_suffix}",
             min_matchmaking_time=self.matchmaking_time,
             allreduce_timeout=self.allreduce_timeout,
             shutdown_timeout=self.shutdown_timeout,
@@ -262,16 +282,8 @@ class SwarmOptimizer(Optimizer):
         own = getattr(self.grad_averager, "own_gradients", None)
         if self.guard_gradient_norm_ratio <= 0 or own is None or self.auxiliary:
             return ""
-        import torch
-
-        own_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(own))))
         with self.grad_averager.get_tensors() as averaged:
-            average_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(averaged)))))
-        if average_norm != average_norm or average_norm == float("inf"):
-            return "the average is not finite"
-        if own_norm > 0 and average_norm > self.guard_gradient_norm_ratio * own_norm:
-            return f"its norm {average_norm:.3g} is {average_norm / own_norm:.3g}x this peer's {own_norm:.3g}"
-        return ""
+            return implausible_average(own, list(averaged), self.guard_gradient_norm_ratio)
 
     def _replace_average_with_own_gradients(self) -> None:
         with self.grad_averager.get_tensors() as averaged:
@@ -305,20 +317,7 @@ class SwarmOptimizer(Optimizer):
         self.state_averager.step(wait_for_delayed_updates=True)
 
         with self.tracker.pause_updates():
-            for attempt in range(1, self.load_state_attempts + 1):
-                try:
-                    self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
-                    if self.grad_averager is not None:
-                        self.grad_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
-                    break
-                except KeyboardInterrupt:
-                    raise
-                except BaseException as e:
-                    logger.warning(
-                        "Downloading state from peers failed (attempt %d/%d): %r", attempt, self.load_state_attempts, e
-                    )
-            else:
-                raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
+            self._download_state_bounded(**kwargs)
 
             if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
                 logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
@@ -332,10 +331,30 @@ class SwarmOptimizer(Optimizer):
                 if not self.client_mode:
                     self.grad_averager.state_sharing_priority = self.local_epoch
 
+    def _download_state_bounded(self, **kwargs) -> None:
+        """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
+        for attempt in range(1, self.load_state_attempts + 1):
+            try:
+                self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                if self.grad_averager is not None:
+                    self.grad_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
+                return
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                logger.warning(
+                    "Downloading state from peers failed (attempt %d/%d): %r", attempt, self.load_state_attempts, e
+                )
+        raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
+
 
 def build_swarm_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
     """hivemind.Optimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
     swarm = config.swarm
+    if swarm.strategy == "diloco":
+        from swarmd.swarm.diloco import build_diloco_optimizer
+
+        return build_diloco_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log)
     auxiliary = swarm.auxiliary
     averager_opts = dict(swarm.averager_opts)
     # hivemind warns (and risks matchmaking deadlocks) when an RPC may outlast the matchmaking window

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["KINDS", "OUTCOMES", "OUTCOME_MEANING", "FAILED_OUTCOMES", "outcome_help"]
 
-KINDS = ("gradients", "state")
+KINDS = ("gradients", "state", "outer")  # outer: a DiLoCo round of pseudo-gradients (swarm/diloco.py)
 
 # outcome -> what it means for this peer's step
 OUTCOME_MEANING = {
@@ -16,6 +16,7 @@ OUTCOME_MEANING = {
     "failed": "an error or a timeout; this peer's own values were used",
     "skipped": "no partners (alone, or no round was scheduled); own values used",
     "rejected": "averaged, but the result was implausible (non-finite or far too large); own values used",
+    "local": "DiLoCo's outer step on this peer's own pseudo-gradient (alone, or the round failed: see its error)",
 }
 OUTCOMES = tuple(OUTCOME_MEANING)
 

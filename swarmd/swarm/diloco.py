@@ -1,0 +1,593 @@
+"""swarm.strategy: diloco. H local steps of the task's optimizer, then one outer step on the swarm's average.
+
+DiLoCo (Douillard et al. 2023), after OpenDiLoCo's `open_diloco/hivemind_diloco.py`, as a drop-in for the worker
+(the same surface as SwarmOptimizer: step(batch_size=), local_epoch, tracker, state_averager, averaging_log,
+load_state_from_peers, state_dict). One global epoch is one outer step:
+
+- every `step()` is one INNER step: the task's optimizer on the model's own parameters (on their device), and the
+  task's LR schedule stepped once; the schedule counts inner steps (`epoch x H + steps into the round`), also for a
+  peer that joins late or restarts from a checkpoint;
+- after H inner steps: the pseudo-gradient (outer parameters minus local ones, fp32 on the host) is averaged
+  through its own hivemind averager, weighted by the samples each peer contributed, with swarm.grad_compression;
+  the outer SGD (Nesterov, on the host copies that hivemind's state averager keeps) steps on it, and the result
+  is copied into the model;
+- the round is triggered by this peer's own H steps, not by hivemind's target_batch_size: the progress tracker
+  only says the epoch, who is in the swarm, and when the slowest peer will be done (the straggler wait);
+- a round that fails or times out, or a peer that is alone, steps on its OWN pseudo-gradient (AveragingLog
+  ("outer", "local")); an average that is non-finite, implausibly large against this peer's own, or mixed with a
+  peer of another outer step is rejected ("outer", "rejected") and the own pseudo-gradient used instead;
+- a peer that finds the swarm already past the round it just finished downloads the swarm's state (outer
+  parameters, outer momentum, inner optimizer state, and how far the swarm is into the round) instead;
+- parameters (with the outer momentum) are averaged only at the first outer step (peers started from different
+  seeds become equal), at the first outer step with company after one on this peer's own pseudo-gradient (peers
+  that were alone or failed a round together become equal again), and every `diloco.average_state_every` outer
+  steps when asked.
+docs/DILOCO.md says more, and what differs from OpenDiLoCo.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.compression import CompressionInfo, TensorRole
+from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
+from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
+from hivemind.utils import get_dht_time
+
+from swarmd.swarm.averaging_log import AveragingLog
+from swarmd.swarm.compression import make_compression
+from swarmd.swarm.optimizer import SwarmOptimizer, _ObservedStateAverager, implausible_average
+from swarmd.swarm.progress import ThrottledProgressTracker
+
+__all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
+
+logger = logging.getLogger(__name__)
+
+_OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_dict() adds to the inner state
+
+
+class _KeepsDownloadedMetadata(DecentralizedAverager):
+    """Sits just above DecentralizedAverager in the MRO: remembers the metadata of the last state download, which
+    TrainingStateAverager consumes without returning."""
+
+    _downloaded = None
+
+    def load_state_from_peers(self, *args, **kwargs):
+        loaded = super().load_state_from_peers(*args, **kwargs)
+        self._downloaded = loaded
+        return loaded
+
+
+class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
+    """hivemind's state averager holding the OUTER state (host copies of the parameters, the outer SGD), plus the
+    inner optimizer and schedule, which it shares with a peer that downloads the state."""
+
+    inner_optimizer = None  # set by DiLoCoOptimizer once built
+    inner_scheduler_factory: Optional[Callable] = None
+    inner_scheduler = None
+    inner_steps_per_epoch = 1
+    round_steps = 0  # inner steps taken since the last outer step (or given by the peer the state came from)
+
+    @property
+    def inner_step(self) -> int:
+        return self.local_epoch * self.inner_steps_per_epoch + self.round_steps
+
+    def _update_scheduler(self):
+        """Bring the inner schedule to the inner step (hivemind calls this after downloads, restore.py after loads)."""
+        super()._update_scheduler()
+        if self.inner_scheduler_factory is None or self.inner_optimizer is None:
+            return
+        target = self.inner_step
+        if self.inner_scheduler is None or self.inner_scheduler.last_epoch > target:
+            # a schedule only steps forward: start it again (it takes the LR from each group's initial_lr)
+            self.inner_scheduler = self.inner_scheduler_factory(self.inner_optimizer)
+        if self.inner_scheduler is not None:
+            while self.inner_scheduler.last_epoch < target:
+                self.inner_scheduler.step()
+
+    def get_current_state(self):
+        """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the
+        round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them."""
+        metadata, tensors, infos = super().get_current_state()
+        if self.inner_optimizer is not None:
+            with torch.no_grad():
+                inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
+                # copies: the worker keeps stepping the inner optimizer while this is sent
+                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]
+            metadata["diloco"] = dict(
+                inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
+            )
+            tensors = list(tensors) + inner_tensors
+            infos = list(infos) + [
+                CompressionInfo.from_tensor(tensor, key=("inner", i), role=TensorRole.OPTIMIZER)
+                for i, tensor in enumerate(inner_tensors)
+            ]
+        return metadata, tensors, infos
+
+    def load_state_from_peers(self, **kwargs):
+        self._downloaded = None
+        super().load_state_from_peers(**kwargs)
+        metadata, tensors = self._downloaded or (None, None)
+        if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch:
+            return  # nothing came, or upstream refused it (a peer behind this one)
+        diloco = metadata.get("diloco")
+        if isinstance(diloco, dict) and self.inner_optimizer is not None:
+            try:
+                with self.lock_optimizer:
+                    load_optimizer_state(
+                        self.inner_optimizer, diloco["inner_optimizer_metadata"], tensors[diloco["inner_offset"] :]
+                    )
+            except (KeyError, IndexError, StopIteration, ValueError, RuntimeError) as e:
+                logger.warning("The downloaded inner optimizer state does not fit (%r): keeping this peer's", e)
+            self.round_steps = int(diloco.get("round_steps", 0))
+        else:
+            self.round_steps = 0
+        self._share_statistics()
+        self._update_scheduler()
+
+    @torch.no_grad()
+    def _share_statistics(self) -> None:
+        """Averaged optimizer statistics (the outer momentum) must stay the very tensors the averager holds
+        (reuse_tensors): a load replaces the optimizer's tensors, so copy the values back into the shared ones."""
+        if not self.opt_keys_for_averaging or not self.reuse_tensors:
+            return
+        opt_parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
+        with self.get_tensors() as averaged:
+            index = len(opt_parameters)
+            for key in self.opt_keys_for_averaging:
+                for param in opt_parameters:
+                    shared, current = averaged[index], self.optimizer.state[param][key]
+                    if current is not shared:
+                        shared.copy_(current)
+                        self.optimizer.state[param][key] = shared
+                    index += 1
+
+
+class _RoundProgressTracker(ThrottledProgressTracker):
+    """The swarm's ETA is the SLOWEST peer's time to finish its round, not the swarm's summed samples against a
+    target: a DiLoCo round ends when every peer has taken its own H steps. Its target_batch_size is this peer's
+    round in samples (H x batch), which assumes peers of one run use the same batch size (docs/DILOCO.md)."""
+
+    other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
+
+    def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
+        progress = super()._parse_swarm_progress_data(metadata)
+        if not isinstance(metadata, dict) or not metadata:
+            self.other_peers = 0
+            return progress
+        now = get_dht_time()
+        slowest, others = 0.0, 0
+        own_id = self.dht.peer_id.to_bytes()
+        for entry in metadata.values():
+            if entry.value is None:
+                continue
+            peer = LocalTrainingProgress.parse_obj(entry.value)
+            others += peer.peer_id != own_id
+            if peer.epoch != progress.epoch:
+                continue
+            done = peer.samples_accumulated + max(0.0, now - peer.time) * peer.samples_per_second
+            remaining = max(0.0, self.target_batch_size - done)
+            if remaining > 0:
+                slowest = max(slowest, remaining / max(peer.samples_per_second, 1e-9))
+        progress.eta_next_epoch = now + slowest
+        # while this peer waits for the others, look often; otherwise as upstream would
+        waiting = self.local_progress.samples_accumulated >= self.target_batch_size
+        refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
+        progress.next_fetch_time = now + refresh
+        self.other_peers = others
+        return progress
+
+    def publish_now(self) -> None:
+        """Publish this peer's progress without the throttle's delay (its round is done: others wait on it)."""
+        self._request_publication(urgent=True)
+
+    def refresh_now(self) -> None:
+        """Fetch the swarm's progress at once (e.g. when this peer's round is done and it starts waiting)."""
+        self.global_progress.next_fetch_time = get_dht_time()
+        self.global_state_updated.set()
+
+    def restart_round(self, epoch: int, samples: int) -> None:
+        """Say this peer is `samples` into the round of `epoch` (after a download) without counting them as
+        throughput, which would make every other peer's ETA for this one wrong for a while."""
+        self.local_progress = self._get_local_progress(epoch, samples)
+        self.performance_ema.reset_timer()
+        self._request_publication(urgent=True)
+
+
+class DiLoCoOptimizer(SwarmOptimizer):
+    _state_averager_type = _DiLoCoStateAverager
+    # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
+    _state_averager_suffix = "_diloco_state_averager"
+    state_averager: _DiLoCoStateAverager
+    tracker: _RoundProgressTracker
+
+    def __init__(
+        self,
+        *,
+        params,
+        inner_optimizer: Callable,
+        inner_scheduler: Optional[Callable],
+        batch_size: int,
+        inner_steps: int,
+        outer_lr: float,
+        outer_momentum: float,
+        nesterov: bool,
+        max_straggler_wait: float,
+        average_state_every: int,
+        grad_compression,
+        averaging_log: AveragingLog,
+        guard_gradient_norm_ratio: float = 0.0,
+        **kwargs,
+    ):
+        param_groups = [dict(group, params=list(group["params"])) for group in params]
+        self.inner_steps = inner_steps
+        self.max_straggler_wait = max_straggler_wait
+        self.diloco_average_state_every = average_state_every
+        self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
+        self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
+        # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
+        self._apart_from_swarm = False
+
+        def outer_optimizer(groups):
+            # the task's group options (weight decay, ...) belong to the inner optimizer only
+            return torch.optim.SGD(
+                [{"params": group["params"]} for group in groups],
+                lr=outer_lr,
+                momentum=outer_momentum,
+                nesterov=nesterov,
+            )
+
+        super().__init__(
+            averaging_log=averaging_log,
+            prescheduled_averaging=False,
+            optimizer=outer_optimizer,
+            params=param_groups,
+            scheduler=None,
+            target_batch_size=inner_steps * batch_size,
+            batch_size_per_step=batch_size,
+            use_local_updates=True,  # no hivemind gradient averager; this class averages pseudo-gradients itself
+            offload_optimizer=True,  # the outer state lives on the host
+            delay_state_averaging=False,
+            delay_grad_averaging=False,
+            delay_optimizer_step=False,
+            average_state_every=max(1, average_state_every),
+            # parameter averaging (first step, repairs, average_state_every) averages the outer momentum with them
+            average_opt_statistics=("momentum_buffer",) if outer_momentum > 0 else (),
+            **kwargs,
+        )
+        self.inner_optimizer = inner_optimizer(param_groups)  # on the model's parameters themselves
+        averager = self.state_averager
+        averager.inner_steps_per_epoch = inner_steps
+        averager.inner_scheduler_factory = inner_scheduler
+        averager.inner_optimizer = self.inner_optimizer
+        averager._update_scheduler()
+
+        self.outer_averager = DecentralizedAverager(
+            averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()],
+            dht=self.dht,
+            prefix=f"{self.run_id}_diloco_outer",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            next_chunk_timeout=self.next_chunk_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            compression=grad_compression,
+            client_mode=self.client_mode,
+            start=True,
+            **self._grad_averager_opts,
+        )
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> _RoundProgressTracker:
+        return _RoundProgressTracker(
+            dht=self.dht,
+            prefix=self.run_id,
+            target_batch_size=target_batch_size,
+            client_mode=self.client_mode,
+            status_loglevel=self.status_loglevel,
+            start=True,
+            **kwargs,
+        )
+
+    # --- what the worker sees ----------------------------------------------------------------------------------
+
+    @property
+    def param_groups(self):
+        return self.inner_optimizer.param_groups
+
+    @property
+    def round_steps(self) -> int:
+        return self.state_averager.round_steps
+
+    def step(self, closure=None, batch_size: Optional[int] = None, grad_scaler=None):
+        """One inner step on this step's gradients; after the round's H-th, the outer step."""
+        if grad_scaler is not None:
+            raise ValueError("strategy diloco takes no hivemind.GradScaler: unscale the gradients before step()")
+        batch_size = batch_size if batch_size is not None else self.batch_size_per_step
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._should_load_state_from_peers():
+            logger.info("This peer is behind the swarm (epoch %d < %d)", self.local_epoch, self.tracker.global_epoch)
+            self.load_state_from_peers()
+            return loss  # these gradients belong to parameters the swarm has moved past
+
+        averager = self.state_averager
+        if averager.round_steps >= self.inner_steps:
+            # the state came from a peer that had finished its round: join that round before any inner step
+            self._outer_step()
+            return loss
+        with averager.lock_optimizer:
+            self.inner_optimizer.step()
+            averager.round_steps += 1
+            averager._update_scheduler()
+            averager.parameters_version += 1  # the model's parameters moved: this peer's other ranks need them
+        self._round_samples += batch_size
+        self.tracker.report_local_progress(self.local_epoch, averager.round_steps * self.batch_size_per_step)
+        if averager.round_steps >= self.inner_steps:
+            self._outer_step()
+        return loss
+
+    # --- the outer step ----------------------------------------------------------------------------------------
+
+    def _outer_parameters(self) -> list:
+        return [param for group in self.state_averager.optimizer.param_groups for param in group["params"]]
+
+    def _alone(self) -> bool:
+        return self.tracker.other_peers == 0
+
+    def _swarm_moved_on(self, epoch: int) -> bool:
+        return self.tracker.global_epoch > epoch and not self._alone()
+
+    def _outer_step(self) -> None:
+        epoch = self.local_epoch
+        self.tracker.publish_now()
+        self.tracker.refresh_now()
+        self._wait_for_stragglers(epoch)
+        if self._swarm_moved_on(epoch):
+            logger.warning(
+                "The swarm finished outer step %d without this peer (it is at %d): downloading its state",
+                epoch,
+                self.tracker.global_epoch,
+            )
+            self.averaging_log.record(
+                "outer", "skipped", group_size=1, duration=0.0, epoch=epoch,
+                error="the swarm finished this outer step without this peer",
+            )
+            self.load_state_from_peers()
+            return
+
+        started = time.perf_counter()
+        own = self._pseudo_gradient()
+        weight = float(self._round_samples)
+        problem = implausible_average(own, own, 0.0)
+        if problem:
+            # never send it: take part with weight 0, i.e. step on the others' average (or on nothing)
+            logger.error("This peer's own pseudo-gradient is not finite: it contributes nothing to outer step %d", epoch)
+            for tensor in own:
+                tensor.zero_()
+            weight = 0.0
+        pseudo_gradient, outcome, group_size, why, group_apart = self._average(own, weight, epoch)
+        if outcome == "local" and weight == 0 and not self._alone():
+            # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
+            # and leave this peer apart from the swarm for good; take the swarm's result instead
+            logger.warning("Outer step %d failed for a peer with nothing to contribute (%s): downloading", epoch, why)
+            self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
+            self.load_state_from_peers()
+            return
+        # Every peer of the group decides alike (the flags came with the round), so they average state together,
+        # before the outer step and at this epoch: a peer that downloads the state meanwhile gets this epoch's,
+        # finds the round over and downloads again, never a state from before the repair labelled as after it.
+        if outcome == "success" and (group_apart or self._should_average_state(epoch + 1)):
+            if group_apart:
+                logger.info("Averaging parameters and outer momentum at outer step %d: a peer of the group had "
+                            "stepped on its own pseudo-gradient", epoch)
+            self.state_averager.step(
+                averaging_round=True,
+                delay_averaging=False,
+                wait_for_delayed_updates=True,
+                averaging_opts=dict(timeout=self.averaging_timeout),
+            )
+            self._apart_from_swarm = False
+        self._apply_outer_step(pseudo_gradient)
+        duration = time.perf_counter() - started
+        if outcome == "success":
+            logger.info("Outer step %d: averaged pseudo-gradients with %d peers (%.2f s)", epoch, group_size, duration)
+        else:
+            logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
+        self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
+        if outcome in ("local", "rejected"):
+            # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
+            # succeeds with company averages the outer state, or the peers would stay apart for good
+            self._apart_from_swarm = True
+        with self.tracker.pause_updates():
+            self.tracker.update_epoch(new_epoch=self.local_epoch)
+            self._should_check_synchronization_on_update = True
+            if not self.client_mode:
+                self.state_averager.state_sharing_priority = self.local_epoch
+
+    def _wait_for_stragglers(self, epoch: int) -> None:
+        """Wait until the slowest peer of this round is within matchmaking_time of its last inner step (it then
+        joins during matchmaking), for at most max_straggler_wait seconds; then go without the rest."""
+        deadline = time.monotonic() + self.max_straggler_wait
+        while True:
+            progress = self.tracker.global_progress
+            if self._alone() or progress.epoch > epoch:
+                return
+            eta = progress.eta_next_epoch - get_dht_time()
+            if eta <= self.matchmaking_time:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("Outer step %d goes without the slowest peers (done in about %.0f s)", epoch, eta)
+                return
+            time.sleep(min(left, 0.25))
+
+    @torch.no_grad()
+    def _pseudo_gradient(self) -> list:
+        """Outer parameters minus this peer's current ones, fp32 on the host: how far H inner steps moved it."""
+        return [
+            outer.detach() - main.detach().to(device="cpu", dtype=torch.float32)
+            for outer, main in zip(self._outer_parameters(), self.state_averager.main_parameters)
+        ]
+
+    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str, bool]:
+        """(pseudo-gradient to step on, outcome, group size, why not averaged, whether a peer of the group has
+        stepped apart from the swarm since it last averaged state) for this round."""
+        if self._alone():
+            return own, "local", 1, "alone in the swarm", False
+        with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
+            for tensor, mine in zip(tensors, own):
+                tensor.copy_(mine)
+        control = None
+        try:
+            # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
+            # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
+            self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
+            gather = [epoch, self._apart_from_swarm]
+            control = self.outer_averager.step(weight=weight, gather=gather, timeout=self.averaging_timeout, wait=False)
+            gathered = control.result(self.averaging_timeout + self.matchmaking_time)
+            if not gathered:
+                raise RuntimeError("the averaging round found no group")
+        except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
+            if control is not None and not control.done():
+                control.cancel()
+            return own, "local", 1, f"the round failed: {e!r}", False
+        with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
+            averaged = [tensor.clone() for tensor in tensors]
+        gathered = [tuple(value) if isinstance(value, (list, tuple)) and len(value) == 2 else (value, False)
+                    for value in gathered.values()]
+        others = sorted({peer_epoch for peer_epoch, _ in gathered if peer_epoch != epoch}, key=repr)
+        problem = f"peers of outer step {others} took part" if others else ""
+        problem = problem or implausible_average(own, averaged, self.pseudo_gradient_guard_ratio)
+        if problem:
+            return own, "rejected", len(gathered), f"rejected the average: {problem}", False
+        return averaged, "success", len(gathered), "", any(bool(apart) for _, apart in gathered)
+
+    @torch.no_grad()
+    def _apply_outer_step(self, pseudo_gradient: list) -> None:
+        averager = self.state_averager
+        # lock_averaged_tensors too: a peer downloading the state meanwhile gets it whole, before or after
+        with averager.lock_optimizer, averager.lock_averaged_tensors:
+            for param, gradient in zip(self._outer_parameters(), pseudo_gradient):
+                param.grad.copy_(gradient)
+            averager.optimizer.step()
+            averager.local_epoch += 1
+            averager.round_steps = 0
+            averager._apply_optimizer_parameters_()  # the new outer parameters become the model's
+            averager._update_scheduler()
+        self._round_samples = 0
+
+    def _should_average_state(self, next_epoch: int) -> bool:
+        every = self.diloco_average_state_every
+        return next_epoch == 1 or (every > 0 and next_epoch % every == 0)
+
+    # --- joining, checkpoints, shutdown ------------------------------------------------------------------------
+
+    def load_state_from_peers(self, **kwargs):
+        """The swarm's outer parameters, outer momentum, inner optimizer state and round progress (bounded tries;
+        raises StateLoadFailed). This peer then takes the rest of the swarm's round from the outer parameters."""
+        with self.tracker.pause_updates():
+            self._download_state_bounded(**kwargs)
+            # the tracker's view of the swarm may be older than the state that came: let it not send us back
+            self.tracker.update_epoch(new_epoch=self.local_epoch)
+            if not self.client_mode:
+                self.state_averager.state_sharing_priority = self.local_epoch
+        self._round_samples = 0
+        self._apart_from_swarm = False
+        self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
+        logger.info(
+            "Took the swarm's state at outer step %d, %d inner steps into the round (inner step %d)",
+            self.local_epoch,
+            self.state_averager.round_steps,
+            self.state_averager.inner_step,
+        )
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state_dict, each parameter's entry holding its outer parameter and momentum too,
+        plus local_epoch and round_steps: what a checkpoint needs to resume mid-round (flat, for checkpoint.py)."""
+        inner = self.inner_optimizer.state_dict()
+        state = {index: dict(values) for index, values in inner["state"].items()}  # not the live dicts
+        outer_state = self.state_averager.optimizer.state
+        for index, param in enumerate(self._outer_parameters()):
+            entry = state.setdefault(index, {})
+            entry["outer_param"] = param.detach().clone()
+            momentum = outer_state.get(param, {}).get("momentum_buffer")
+            if momentum is not None:
+                entry["outer_momentum"] = momentum.detach().clone()
+        state["local_epoch"] = self.local_epoch
+        state["round_steps"] = self.state_averager.round_steps
+        return {"state": state, "param_groups": inner["param_groups"]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict["state"])
+        epoch = state.pop("local_epoch", None)
+        round_steps = state.pop("round_steps", 0)
+        inner_state, outer_entries = {}, {}
+        for index, values in state.items():
+            values = dict(values)
+            outer_entries[int(index)] = {key: values.pop(key) for key in _OUTER_KEYS if key in values}
+            if values:
+                inner_state[index] = values
+        self.inner_optimizer.load_state_dict({"state": inner_state, "param_groups": state_dict["param_groups"]})
+        outer_state = self.state_averager.optimizer.state
+        with torch.no_grad():
+            for index, param in enumerate(self._outer_parameters()):
+                entry = outer_entries.get(index, {})
+                if "outer_param" in entry:
+                    param.copy_(entry["outer_param"])
+                if "outer_momentum" in entry:
+                    momentum = outer_state[param].get("momentum_buffer")
+                    if momentum is None:
+                        outer_state[param]["momentum_buffer"] = entry["outer_momentum"].to(param).clone()
+                    else:
+                        momentum.copy_(entry["outer_momentum"])  # in place: the state averager shares this tensor
+        if epoch is not None:
+            self.state_averager.local_epoch = int(epoch)
+        self.state_averager.round_steps = int(round_steps)
+
+    def shutdown(self):
+        super().shutdown()
+        self.outer_averager.shutdown()
+
+
+def build_diloco_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> DiLoCoOptimizer:
+    """DiLoCoOptimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
+    swarm, diloco = config.swarm, config.swarm.diloco
+    averager_opts = dict(swarm.averager_opts)
+    averager_opts.setdefault("request_timeout", min(3.0, swarm.matchmaking_time / 2))
+    return DiLoCoOptimizer(
+        params=task.parameter_groups(model),
+        inner_optimizer=task.build_optimizer,
+        inner_scheduler=task.build_scheduler,
+        batch_size=config.training.batch_size,
+        inner_steps=diloco.inner_steps,
+        outer_lr=diloco.outer_lr,
+        outer_momentum=diloco.outer_momentum,
+        nesterov=diloco.nesterov,
+        max_straggler_wait=diloco.max_straggler_wait,
+        average_state_every=diloco.average_state_every,
+        grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
+        averaging_log=averaging_log,
+        guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
+        load_state_attempts=swarm.load_state_attempts,
+        dht=dht,
+        run_id=config.run_id,
+        matchmaking_time=swarm.matchmaking_time,
+        averaging_timeout=swarm.averaging_timeout,
+        allreduce_timeout=swarm.allreduce_timeout,
+        load_state_timeout=swarm.load_state_timeout,
+        # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
+        client_mode=dht.client_mode,
+        state_averaging_compression=make_compression(
+            swarm.state_averaging_compression, "swarm.state_averaging_compression"
+        ),
+        load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
+        extra_tensors=tuple(task.extra_tensors(model)),
+        averager_opts=averager_opts,
+        tracker_opts=dict(swarm.tracker_opts),
+        verbose=False,
+    )

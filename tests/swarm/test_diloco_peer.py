@@ -1,0 +1,243 @@
+"""DiLoCo in one process: the outer step on this peer's own pseudo-gradient when it is alone, when the round fails
+and when the average is garbage; and a checkpoint that resumes mid-round with the outer state.
+
+In-process hivemind peers (DHT + DiLoCoOptimizer from build_swarm_optimizer) driven step by step; the reference is
+plain PyTorch: the inner SGD with its schedule, and torch.optim.SGD(nesterov=True) on the outer parameters.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.tasks.base import StepOutput, Task, TaskContext
+
+BATCH = 8
+H = 3
+INNER_LR = 0.1
+
+
+class _Probe(Task):
+    name = "diloco-probe"
+    Config = StrictModel
+    lr = INNER_LR
+    target_scale = 1.0  # a peer with garbage data: targets 10^4 times too large
+
+    def build_model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def build_optimizer(self, param_groups):
+        return torch.optim.SGD(param_groups, lr=self.lr)
+
+    def build_scheduler(self, optimizer):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, _multiplier)
+
+    def train_batches(self, seed):
+        raise NotImplementedError  # the tests step the optimizer themselves
+
+    def training_step(self, model, batch):
+        x, y = batch
+        return StepOutput(loss=torch.nn.functional.mse_loss(model(x), y * self.target_scale), batch_size=x.shape[0])
+
+
+def _multiplier(inner_step: int) -> float:
+    return 1.0 / (1.0 + 0.2 * inner_step)
+
+
+def _batch(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(BATCH, 16, generator=generator), torch.randn(BATCH, 1, generator=generator)
+
+
+def _config(run_id: str, **swarm) -> SwarmdConfig:
+    return SwarmdConfig.model_validate(
+        {
+            "run_id": run_id,
+            "swarm": {
+                "strategy": "diloco",
+                "matchmaking_time": 1.0,
+                "averaging_timeout": 4.0,
+                "grad_compression": "none",
+                "diloco": {"inner_steps": H, "max_straggler_wait": 1.0},
+                **swarm,
+            },
+            "training": {"batch_size": BATCH},
+        }
+    )
+
+
+def _peer(dht, tmp_path, run_id: str, target_scale: float = 1.0, model=None, **swarm):
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.optimizer import build_swarm_optimizer
+
+    task = _Probe(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    task.target_scale = target_scale
+    model = model if model is not None else task.build_model()
+    log = AveragingLog()
+    optimizer = build_swarm_optimizer(dht=dht, config=_config(run_id, **swarm), model=model, task=task, averaging_log=log)
+    return task, model, optimizer, log
+
+
+def _train(task, model, optimizer, seeds):
+    for seed in seeds:
+        output = task.training_step(model, _batch(seed))
+        output.loss.backward()
+        optimizer.step(batch_size=output.batch_size)
+        model.zero_grad()
+
+
+class _Reference:
+    """One model trained the textbook way: H inner steps, then the outer Nesterov step on a given pseudo-gradient."""
+
+    def __init__(self):
+        self.model = _Probe.build_model(None)
+        self.inner = torch.optim.SGD(self.model.parameters(), lr=INNER_LR)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.inner, _multiplier)
+        self.outer_params = [p.detach().clone().requires_grad_() for p in self.model.parameters()]
+        self.outer = torch.optim.SGD(self.outer_params, lr=0.7, momentum=0.9, nesterov=True)
+
+    def inner_steps(self, seeds):
+        for seed in seeds:
+            x, y = _batch(seed)
+            torch.nn.functional.mse_loss(self.model(x), y).backward()
+            self.inner.step()
+            self.schedule.step()
+            self.model.zero_grad()
+
+    def pseudo_gradient(self):
+        return [o.detach() - p.detach() for o, p in zip(self.outer_params, self.model.parameters())]
+
+    @torch.no_grad()
+    def outer_step(self, pseudo_gradient):
+        for param, gradient in zip(self.outer_params, pseudo_gradient):
+            param.grad = gradient.clone()
+        self.outer.step()
+        for param, outer in zip(self.model.parameters(), self.outer_params):
+            param.copy_(outer)
+
+
+def _max_difference(model, reference_model) -> float:
+    return max(float((a - b).abs().max()) for a, b in zip(model.parameters(), reference_model.parameters()))
+
+
+@pytest.fixture
+def dht():
+    import hivemind
+
+    node = hivemind.DHT(start=True)
+    yield node
+    node.shutdown()
+
+
+def test_a_lone_peer_steps_on_its_own_pseudo_gradient(dht, tmp_path):
+    task, model, optimizer, log = _peer(dht, tmp_path, "diloco-alone")
+    reference = _Reference()
+    try:
+        for epoch in range(3):
+            seeds = range(epoch * H, (epoch + 1) * H)
+            _train(task, model, optimizer, seeds)
+            reference.inner_steps(seeds)
+            reference.outer_step(reference.pseudo_gradient())
+            assert optimizer.local_epoch == epoch + 1
+        assert _max_difference(model, reference.model) < 1e-6
+        assert [(r.kind, r.outcome, r.error) for r in log.recent()] == [("outer", "local", "alone in the swarm")] * 3
+        # the inner schedule counts inner steps
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(INNER_LR * _multiplier(3 * H))
+        # not a trivial trajectory: three outer steps moved the model
+        assert _max_difference(model, _Probe.build_model(None)) > 1e-3
+    finally:
+        optimizer.shutdown()
+
+
+def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
+    from swarmd.daemon.checkpoint import CheckpointStore
+    from swarmd.daemon.restore import capture_state, load_model_state, load_optimizer_state
+
+    task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-save")
+    try:
+        _train(task, model, optimizer, range(H + 2))  # one outer step, then two steps into the next round
+        model_state, optimizer_state, epoch = capture_state(model, optimizer)
+        CheckpointStore(tmp_path / "checkpoints", keep=1).save(
+            model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info={}
+        )
+        outer = [p.detach().clone() for p in optimizer._outer_parameters()]
+        momentum = [optimizer.state_averager.optimizer.state[p]["momentum_buffer"].clone() for p in optimizer._outer_parameters()]
+        lr = optimizer.param_groups[0]["lr"]
+        assert any(not torch.equal(o, p) for o, p in zip(outer, model.parameters()))  # mid-round: they differ
+        assert any(m.abs().max() > 0 for m in momentum)
+    finally:
+        optimizer.shutdown()
+
+    # What the daemon does at start: the model from the checkpoint, the optimizer built on it, then its state.
+    checkpoint = CheckpointStore(tmp_path / "checkpoints", keep=1).load_latest()
+    restored = _Probe.build_model(None)
+    load_model_state(restored, checkpoint)
+    _, _, resumed, _ = _peer(dht, tmp_path, "diloco-resume", model=restored)
+    try:
+        load_optimizer_state(resumed, checkpoint)
+        assert (resumed.local_epoch, resumed.round_steps, resumed.state_averager.inner_step) == (1, 2, H + 2)
+        assert resumed.param_groups[0]["lr"] == pytest.approx(lr)
+        for param, expected in zip(resumed._outer_parameters(), outer):
+            assert torch.equal(param, expected)
+        for param, expected in zip(resumed._outer_parameters(), momentum):
+            assert torch.equal(resumed.state_averager.optimizer.state[param]["momentum_buffer"], expected)
+        for param, expected in zip(restored.parameters(), model.parameters()):
+            assert torch.equal(param, expected)  # the model keeps its mid-round (inner) parameters
+    finally:
+        resumed.shutdown()
+
+
+def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradient(dht, tmp_path):
+    import hivemind
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    honest = _peer(dht, tmp_path, "diloco-guard")
+    # a peer whose targets are 10^4 times too large: its pseudo-gradient is garbage to everyone else. It signs its
+    # progress with a key of its own: with the process-wide one, both peers' records would be one DHT entry.
+    garbage = _peer(
+        other_dht, tmp_path, "diloco-guard", target_scale=1e4, tracker_opts={"private_key": RSAPrivateKey()}
+    )
+    try:
+        # Round 0: the garbage peer is in the swarm (it took a step) but never comes to the round: it fails.
+        _train(*garbage[:3], [100])
+        _wait_for(lambda: honest[2].tracker.other_peers == 1, "the honest peer to see the other")
+        reference = _Reference()
+        _train(*honest[:3], range(H))
+        reference.inner_steps(range(H))
+        reference.outer_step(reference.pseudo_gradient())
+        first = honest[3].last("outer")
+        assert (first.outcome, first.group_size) == ("local", 1), first
+        assert first.error.startswith("the round failed"), first.error
+        assert _max_difference(honest[1], reference.model) < 1e-6
+
+        # Round 1 for both: they average, and the honest peer rejects the average.
+        garbage[2].load_state_from_peers()  # the garbage peer catches up with the honest one at epoch 1
+        assert garbage[2].local_epoch == 1
+        seeds = range(H, 2 * H)
+        thread = threading.Thread(target=_train, args=(*garbage[:3], [200 + s for s in seeds]))
+        thread.start()
+        _train(*honest[:3], seeds)
+        thread.join(30)
+        reference.inner_steps(seeds)
+        reference.outer_step(reference.pseudo_gradient())
+        second = honest[3].last("outer")
+        assert (second.outcome, second.group_size) == ("rejected", 2), second
+        assert "this peer's" in second.error, second.error
+        assert _max_difference(honest[1], reference.model) < 1e-6
+        assert garbage[3].last("outer").outcome == "success"  # its own norm is the larger one: it takes the average
+    finally:
+        honest[2].shutdown()
+        garbage[2].shutdown()
+        other_dht.shutdown()
+
+
+def _wait_for(condition, what: str, timeout: float = 30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
