@@ -183,7 +183,7 @@ class Daemon:
     def _build_optimizer(self, task, model, checkpoint) -> Runtime:
         """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
         from swarmd.swarm.averaging_log import AveragingLog
-        from swarmd.swarm.optimizer import build_swarm_optimizer
+        from swarmd.swarm.strategy import build_swarm_optimizer
         from swarmd.worker.stats import WorkerStats
 
         averaging_log = AveragingLog()

@@ -11,7 +11,7 @@
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
 - progress is published to the DHT at most every 0.5 s instead of after every step (swarm/progress.py).
-`build_swarm_optimizer` maps the `swarm:` config section onto its arguments.
+`build_sync_optimizer` maps the `swarm:` config section onto its arguments (swarm/strategy.py dispatches).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.progress import ThrottledProgressTracker
 
-__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_swarm_optimizer", "implausible_average"]
+__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implausible_average"]
 
 logger = logging.getLogger(__name__)
 
@@ -348,13 +348,9 @@ class SwarmOptimizer(Optimizer):
         raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
 
 
-def build_swarm_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
-    """hivemind.Optimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
+def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
+    """`swarm.strategy: sync`: hivemind.Optimizer from the config and task (swarm/strategy.py picks the strategy)."""
     swarm = config.swarm
-    if swarm.strategy == "diloco":
-        from swarmd.swarm.diloco import build_diloco_optimizer
-
-        return build_diloco_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log)
     auxiliary = swarm.auxiliary
     averager_opts = dict(swarm.averager_opts)
     # hivemind warns (and risks matchmaking deadlocks) when an RPC may outlast the matchmaking window

@@ -70,7 +70,7 @@ def _config(run_id: str, **swarm) -> SwarmdConfig:
 
 def _peer(dht, tmp_path, run_id: str, target_scale: float = 1.0, model=None, **swarm):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.optimizer import build_swarm_optimizer
+    from swarmd.swarm.strategy import build_swarm_optimizer
 
     task = _Probe(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
     task.target_scale = target_scale

@@ -53,7 +53,7 @@ def dht():
 )
 def test_every_write_of_the_parameters_changes_the_version(dht, tmp_path, mode, swarm):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.optimizer import build_swarm_optimizer
+    from swarmd.swarm.strategy import build_swarm_optimizer
 
     config = SwarmdConfig.model_validate(
         {"run_id": f"params-version-{abs(hash(mode))}", "swarm": {"target_batch_size": 2 * BATCH, "matchmaking_time": 1.0, **swarm}}

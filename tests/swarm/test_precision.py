@@ -61,7 +61,7 @@ def dht():
 )
 def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision, reuse, dpu):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.optimizer import build_swarm_optimizer
+    from swarmd.swarm.strategy import build_swarm_optimizer
     from swarmd.worker.stats import WorkerStats
     from swarmd.worker.trainer import TrainingWorker
 
