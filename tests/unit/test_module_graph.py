@@ -59,7 +59,7 @@ def test_the_graph_is_built_from_real_imports():
     graph = import_graph()
     assert "swarmd.daemon.extension" in graph["swarmd.metrics.extension"]
     assert "swarmd.status.snapshot" in graph["swarmd.daemon.lifecycle"]
-    assert "swarmd.swarm.optimizer" in graph["swarmd.daemon.lifecycle"]  # imported inside a function
+    assert "swarmd.swarm.strategy" in graph["swarmd.daemon.lifecycle"]  # imported inside a function
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
