@@ -142,7 +142,7 @@ def test_a_lone_peer_steps_on_its_own_pseudo_gradient(dht, tmp_path):
             reference.outer_step(reference.pseudo_gradient())
             assert optimizer.local_epoch == epoch + 1
         assert _max_difference(model, reference.model) < 1e-6
-        assert [(r.kind, r.outcome, r.error) for r in log.recent()] == [("outer", "local", "alone in the swarm")] * 3
+        assert [(r.kind, r.outcome, r.error) for r in log.summary().recent] == [("outer", "local", "alone in the swarm")] * 3
         # the inner schedule counts inner steps
         assert optimizer.param_groups[0]["lr"] == pytest.approx(INNER_LR * _multiplier(3 * H))
         # not a trivial trajectory: three outer steps moved the model
