@@ -33,8 +33,8 @@ class _Tiny(Task):
         raise NotImplementedError
 
 
-@pytest.fixture(scope="module")
-def dht():
+@pytest.fixture
+def dht():  # one per mode: a mode's averagers shutting down must not take the next mode's DHT with them
     import hivemind
 
     node = hivemind.DHT(start=True)
