@@ -63,7 +63,7 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategy import build_swarm_optimizer
     from swarmd.worker.stats import WorkerStats
-    from swarmd.worker.trainer import TrainingWorker
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
     config = SwarmdConfig.model_validate(
         {
@@ -83,8 +83,10 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
     start = copy.deepcopy(model)
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
     try:
+        log = optimizer.averaging_log
         worker = TrainingWorker(
-            task=task, model=model, optimizer=optimizer, config=config, stats=WorkerStats(), data_seed=0
+            task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
+            stats=WorkerStats(), averaging_log=log, device=torch.device("cpu"), data_seed=0,
         )
         a, b, c = _batch(1), _batch(2), _batch(3)
         # fp16: large inputs overflow the scaled fp16 gradients while the loss itself stays finite
@@ -107,7 +109,7 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
         tolerance = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}[precision]
         assert error < tolerance, f"{precision}, reuse={reuse}: update off by {error:.3g} (relative)"
         if precision == "fp16":
-            assert worker.precision.scaler.get_scale() < 65536.0  # the overflow lowered the scale
+            assert worker.precision.loss_scale() < 65536.0  # the overflow lowered the scale
         else:
             assert worker.stats.nonfinite_steps_total == 1
     finally:
