@@ -63,7 +63,11 @@ def test_notify_watchdog_and_journal_logs(daemons, test_tasks_env, tmp_path):
         assert INTERVAL - 0.05 <= statistics.median(gaps) <= INTERVAL + 0.5, gaps
         statuses = [m for _, m in receiver.with_field("STATUS=", ready)]
         assert len(statuses) >= 6
-        assert re.fullmatch(r"STATUS=training: epoch \d+, \d+ peers?, [\d.]+ samples/s, loss [\d.]+", statuses[-1]), statuses[-1]
+        # status/snapshot.py progress_line, the log's line too: the last averaging round once there is one
+        assert re.fullmatch(
+            r"STATUS=training: epoch \d+, \d+ peers?, [\d.]+ samples/s, loss [\d.]+(, last round: \w+ \w+ with \d+)?",
+            statuses[-1],
+        ), statuses[-1]
         assert peer.status()["watchdog"]["progressing"] is True
 
         # a training step that hangs: the pings stop once its allowance (one interval) is spent
