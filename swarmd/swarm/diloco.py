@@ -333,6 +333,18 @@ class DiLoCoOptimizer(SwarmOptimizer):
 
     # --- the outer step ----------------------------------------------------------------------------------------
 
+    def _next_state_round(self, before, timeout: float = 2.0):
+        """The state round recorded after `before` (the recording is a done-callback of the round's control, which
+        may run a moment after the round returned), or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            last = self.averaging_log.last("state")
+            if last is not None and last is not before:
+                return last
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+
     def _outer_parameters(self) -> list:
         return [param for group in self.state_averager.optimizer.param_groups for param in group["params"]]
 
@@ -385,13 +397,18 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if group_apart:
                 logger.info("Averaging parameters and outer momentum at outer step %d: a peer of the group had "
                             "stepped on its own pseudo-gradient", epoch)
+            before = self.averaging_log.last("state")
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
                 wait_for_delayed_updates=True,
                 averaging_opts=dict(timeout=self.averaging_timeout),
             )
-            self._apart_from_swarm = False
+            after = self._next_state_round(before)
+            if after is not None and after.outcome == "success":
+                self._apart_from_swarm = False
+            else:  # the repair round failed: still apart, so the next successful outer step repairs again
+                logger.warning("Averaging parameters and outer momentum at outer step %d did not succeed", epoch)
         self._apply_outer_step(pseudo_gradient)
         duration = time.perf_counter() - started
         if outcome == "success":

@@ -148,6 +148,8 @@ class TrainingWorker:
     # --- control (called from the daemon) -------------------------------------------------------------------
 
     def start(self) -> None:
+        if not self.auxiliary:
+            self._read_epoch_state()  # so the status (and the tracking) has the learning rate from the first tick
         self._thread.start()
 
     def request_stop(self) -> None:
