@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from swarmd.daemon.checkpoint import fsync_path
 from swarmd.errors import ConfigError, SwarmdError
 
 __all__ = ["CONFIG_FILE", "METADATA_FILE", "FORMAT", "FORMAT_VERSION", "ExportResult", "export_checkpoint"]
@@ -275,19 +276,11 @@ def _move_into_place(staging: Path, output: Path, force: bool) -> None:
             os.rename(aside, output)
             raise
         shutil.rmtree(aside, ignore_errors=True)
-    _fsync_path(output.parent)
+    fsync_path(output.parent)
 
 
 def _fsync_tree(root: Path) -> None:
     for directory, _, files in os.walk(root):
         for name in files:
-            _fsync_path(Path(directory) / name)
-        _fsync_path(Path(directory))
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(Path(directory) / name)
+        fsync_path(Path(directory))

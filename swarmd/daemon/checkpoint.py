@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION", "storage_key"]
+__all__ = ["CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION", "storage_key", "fsync_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +81,9 @@ class CheckpointStore:
             for name, data in files.items():
                 _write_synced(partial / name, data)
             _write_synced(partial / _META_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
-            _fsync_dir(partial)
+            fsync_path(partial)
             os.rename(partial, final)
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
         except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(e, (OSError, ValueError, TypeError)):
@@ -229,7 +229,8 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: its entries, e.g. a rename into it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -146,6 +146,7 @@ def run_compute_rank(
         from swarmd.ranks.step_sync import StepSync, share_data_seed
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
+        from swarmd.worker.batches import move_to_device
         from swarmd.worker.precision import make_precision
 
         if threads:
@@ -187,7 +188,7 @@ def run_compute_rank(
             if control.epoch != epoch:
                 epoch = control.epoch
                 task.set_epoch(epoch)
-            batch = _to_device(next(batches), torch_device)
+            batch = move_to_device(next(batches), torch_device)
             with precision.autocast():
                 output = task.training_step(model, batch)
             loss = output.loss
@@ -202,20 +203,6 @@ def run_compute_rank(
     except Exception as e:  # noqa: BLE001 - one line for rank 0's log, the traceback for the report
         logger.exception("%s failed: %s", where, e)
         return int(ExitCode.FAILURE)
-
-
-def _to_device(batch: Any, device) -> Any:
-    """Tensors in (nested) batches to the device: the worker's move_to_device, which this process cannot import
-    without hivemind (swarmd.worker.trainer imports it)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
 
 
 def _exit_now(code: int) -> None:

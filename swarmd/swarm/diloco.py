@@ -202,6 +202,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
     _state_averager_type = _DiLoCoStateAverager
     # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
     _state_averager_suffix = "_diloco_state_averager"
+    _progress_tracker_type = _RoundProgressTracker  # publishes at once when a round is done
     state_averager: _DiLoCoStateAverager
     tracker: _RoundProgressTracker
 
@@ -278,17 +279,6 @@ class DiLoCoOptimizer(SwarmOptimizer):
             client_mode=self.client_mode,
             start=True,
             **self._grad_averager_opts,
-        )
-
-    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> _RoundProgressTracker:
-        return _RoundProgressTracker(
-            dht=self.dht,
-            prefix=self.run_id,
-            target_batch_size=target_batch_size,
-            client_mode=self.client_mode,
-            status_loglevel=self.status_loglevel,
-            start=True,
-            **kwargs,
         )
 
     # --- what the worker sees ----------------------------------------------------------------------------------

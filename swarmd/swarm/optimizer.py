@@ -214,8 +214,10 @@ class SwarmOptimizer(Optimizer):
             **kwargs,
         )
 
+    _progress_tracker_type: type = ThrottledProgressTracker  # subclasses may give a subclass of it
+
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ThrottledProgressTracker:
-        return ThrottledProgressTracker(
+        return self._progress_tracker_type(
             dht=self.dht,
             prefix=self.run_id,
             target_batch_size=target_batch_size,

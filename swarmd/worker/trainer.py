@@ -25,6 +25,7 @@ import torch
 
 from swarmd.ranks.step_sync import RankFailure
 from swarmd.swarm.optimizer import StateLoadFailed
+from swarmd.worker.batches import move_to_device
 from swarmd.worker.precision import make_precision
 from swarmd.worker.stats import WorkerStats
 from swarmd.worker.threads import use_threads_in_this_thread
@@ -56,15 +57,6 @@ def peer_data_seed(seed: Optional[int], peer_id: str) -> int:
     digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: move_to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(value, device) for value in batch)
-    return batch
 
 
 @dataclass(frozen=True)
