@@ -32,6 +32,8 @@ def daemons(tmp_path):
     yield start
     for daemon in started:
         daemon.close()
+        # Shown by pytest only when the test failed: every peer's last lines, not just the one a wait timed out on.
+        print(f"----- last lines of {daemon.name} ({daemon.log_path}) -----\n{daemon.tail(60)}")
 
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "swarmd-test-tasks"
