@@ -194,6 +194,7 @@ class _RoundProgressTracker(ThrottledProgressTracker):
         """Say this peer is `samples` into the round of `epoch` (after a download) without counting them as
         throughput, which would make every other peer's ETA for this one wrong for a while."""
         self.local_progress = self._get_local_progress(epoch, samples)
+        self.note_contribution(epoch, samples)
         self.performance_ema.reset_timer()
         self._request_publication(urgent=True)
 

@@ -11,15 +11,28 @@ accumulated samples) and coalesces plain sample counts to at most one publicatio
 newest count is never lost: a count held back is published by the next step after the interval or, when no
 step follows (the worker waits on averaging), by a timer when the interval is up.
 Set the interval with `swarm.tracker_opts: {report_interval: SECONDS}`; 0 publishes after every step as upstream.
+
+It also fixes when a peer counts as taking part. Upstream's reporter publishes only while the peer "reported
+samples" in the current or the previous global epoch, and it judges that from the sample count it reads when it
+wakes up, on its own thread. A step that completes an epoch (a batch as large as the swarm's target, or the last
+step of a round) resets the count to 0 before the reporter reads it, so such a peer stops publishing, drops out of
+every other peer's count, and its own record expires: two lone peers of one run then never see each other
+(CI, 2026-12-01: "1 peer", then "0 peers" after the 60 s expiration). Here the contribution is noted when the
+step reports it, on the caller's thread, and the reporter reads that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Optional
 
+
 from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time, get_logger
+
+upstream_logger = get_logger("hivemind.optim.progress_tracker")
 
 __all__ = ["ThrottledProgressTracker"]
 
@@ -32,6 +45,7 @@ class ThrottledProgressTracker(ProgressTracker):
         self._last_published = -float("inf")
         self._held_back = False
         self._flush_timer: Optional[threading.Timer] = None
+        self.contributed_epoch = -float("inf")  # the last epoch this peer reported samples in
         super().__init__(*args, **kwargs)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
@@ -46,7 +60,47 @@ class ThrottledProgressTracker(ProgressTracker):
             self.performance_ema.reset_timer()
         urgent = local_epoch != self.local_progress.epoch or extra_samples <= 0
         self.local_progress = self._get_local_progress(local_epoch, samples_accumulated)
+        self.note_contribution(local_epoch, samples_accumulated)
         self._request_publication(urgent)
+
+    def note_contribution(self, epoch: int, samples: int) -> None:
+        if samples > 0:
+            self.contributed_epoch = max(self.contributed_epoch, epoch)
+
+    def takes_part(self) -> bool:
+        """Upstream's "synchronized and actively reporting samples": contributed in this or the previous epoch.
+        Auxiliary peers never contribute and so never publish, as upstream."""
+        return self.contributed_epoch >= self.global_epoch - 1
+
+    async def _progress_reporter(self):
+        # Upstream's loop (progress_tracker.py l.195-233) with `takes_part()` in place of its own bookkeeping of
+        # the last reported epoch, which read the sample count at wake-up (see the module's docstring).
+        store_task = None
+        last_report_time = -float("inf")
+        try:
+            while not self.shutdown_triggered.is_set():
+                wait_timeout = max(0.0, last_report_time - get_dht_time() + self.metadata_expiration / 2)
+                await asyncio.get_event_loop().run_in_executor(None, self.should_report_progress.wait, wait_timeout)
+                self.should_report_progress.clear()
+                local_progress = self.local_progress
+                last_report_time = get_dht_time()
+                if self.takes_part():
+                    store_task = asyncio.create_task(
+                        asyncio.wait_for(
+                            self.dht.store(
+                                key=self.training_progress_key,
+                                subkey=self._local_public_key,
+                                value=local_progress.dict(),
+                                expiration_time=last_report_time + self.metadata_expiration,
+                                return_future=True,
+                            ),
+                            timeout=self.metadata_expiration,
+                        )
+                    )
+        finally:
+            upstream_logger.log(self.status_loglevel, f"No longer reporting progress for {self.prefix}")
+            if store_task is not None:
+                store_task.cancel()
 
     def _request_publication(self, urgent: bool) -> None:
         with self._publication_lock:

@@ -100,3 +100,17 @@ def test_interval_zero_publishes_every_step_as_upstream(tracker_on_dht):
     for step in range(1, 11):
         tracker.report_local_progress(local_epoch=0, samples_accumulated=step)
         assert wait_until(lambda: published_samples(counting)[-1:] == [step], timeout=1.0), published_samples(counting)
+
+
+def test_a_peer_whose_every_step_completes_an_epoch_keeps_publishing(tracker_on_dht):
+    """Its count goes back to 0 before the reporter thread wakes; upstream then stopped publishing after two
+    epochs, and its peers lost sight of it (the CI failure of 2026-12-01)."""
+    tracker, counting = tracker_on_dht(report_interval=0.0)
+    for epoch in range(8):
+        tracker.report_local_progress(local_epoch=epoch, samples_accumulated=16)  # one step fills the epoch...
+        with tracker.pause_updates():
+            tracker.update_epoch(epoch + 1)  # ...and the optimizer moves on at once
+        time.sleep(0.1)
+    assert tracker.global_epoch == 8
+    published_epochs = lambda: {value["epoch"] for _, value in counting.stores if value}  # noqa: E731
+    assert wait_until(lambda: 8 in published_epochs(), timeout=2.0), sorted(published_epochs())
