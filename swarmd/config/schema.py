@@ -336,6 +336,11 @@ class DaemonConfig(StrictModel):
     )
     tick_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes (and watchdog pings).")
     public_name: Optional[str] = Field(None, description="A name shown to other peers; default: the host name.")
+    background_priority: Literal["normal", "nice", "idle"] = Field(
+        "normal",
+        description="CPU priority of hivemind's processes (DHT, p2pd, averagers) against the training: normal, "
+        "nice (nice 10) or idle (SCHED_IDLE). See swarmd/swarm/priority.py and docs/PERFORMANCE.md.",
+    )
 
 
 class MetricsConfig(StrictModel):

@@ -165,10 +165,12 @@ class Daemon:
 
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_command, start_dht
+        from swarmd.swarm.priority import background_priority
 
         self._set_state("joining")
         validators = [v for extension in self.extensions for v in _guarded(extension.record_validators, self.view) or []]
-        dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
+        with background_priority(self.config.daemon.background_priority):  # the DHT process and its p2pd
+            dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
         self.dht = dht
         maddrs = tuple(str(addr) for addr in dht.get_visible_maddrs())
         self.identity = dataclasses.replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs)
@@ -183,13 +185,15 @@ class Daemon:
     def _build_optimizer(self, task, model, checkpoint) -> Runtime:
         """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
         from swarmd.swarm.averaging_log import AveragingLog
+        from swarmd.swarm.priority import background_priority
         from swarmd.swarm.strategy import build_swarm_optimizer
         from swarmd.worker.stats import WorkerStats
 
         averaging_log = AveragingLog()
-        optimizer = build_swarm_optimizer(
-            dht=self.dht, config=self.config, model=model, task=task, averaging_log=averaging_log
-        )
+        with background_priority(self.config.daemon.background_priority):  # the averager processes
+            optimizer = build_swarm_optimizer(
+                dht=self.dht, config=self.config, model=model, task=task, averaging_log=averaging_log
+            )
         self.runtime = Runtime(task, model, optimizer, WorkerStats(), averaging_log)  # the shutdown stops it
         self._signals.install()
         if checkpoint is not None:
