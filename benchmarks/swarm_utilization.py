@@ -32,10 +32,15 @@ STRATEGIES = {
     # local updates every step, parameters averaged every k global epochs
     "local1": {"use_local_updates": True, "average_state_every": 1},
     "local5": {"use_local_updates": True, "average_state_every": 5},
+    # sync with hivemind's processes (DHT, p2pd, averagers) below the training's CPU priority (issue 16)
+    "sync-nice": {"average_state_every": 10, "daemon": {"background_priority": "nice"}},
+    "sync-idle": {"average_state_every": 10, "daemon": {"background_priority": "idle"}},
+    "local5-nice": {"use_local_updates": True, "average_state_every": 5, "daemon": {"background_priority": "nice"}},
 }
 
 
-def config(data: str, swarm: dict, args) -> dict:
+def config(data: str, strategy: dict, args) -> dict:
+    swarm = {key: value for key, value in strategy.items() if key != "daemon"}
     return peer_config(
         task={"name": "swin", "eval_every_epochs": 0, "data": {"path": data}},
         swarm={
@@ -47,7 +52,7 @@ def config(data: str, swarm: dict, args) -> dict:
         training={"batch_size": 32, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
-        daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0},
+        daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0, **strategy.get("daemon", {})},
     )
 
 
@@ -68,13 +73,20 @@ def measure(peers: list[DaemonProcess], args) -> dict:
     waits = [(b["optimizer_seconds_total"] - a["optimizer_seconds_total"]) / elapsed for a, b in zip(first, last)]
     epochs = max(b["local_epoch"] - a["local_epoch"] for a, b in zip(first, last))
     averaged = [b["averaging"].get("gradients", {}).get("success", 0) + b["averaging"].get("state", {}).get("success", 0) for b in last]
+    failed = [_failed_rounds(b) - _failed_rounds(a) for a, b in zip(first, last)]
     return {
         "rate": statistics.mean(rates),
         "wait": statistics.mean(waits),
         "epochs_per_min": epochs / elapsed * 60,
         "bytes_per_epoch": statistics.mean(s1 - s0 for s0, s1 in zip(sent0, sent1)) / max(epochs, 1),
         "averaged_rounds": min(averaged),
+        "failed_rounds": max(failed),
     }
+
+
+def _failed_rounds(status: dict) -> int:
+    """Rounds of any kind that failed or were rejected (swarmd/swarm/outcomes.py FAILED_OUTCOMES)."""
+    return sum(counts.get(outcome, 0) for counts in status["averaging"].values() for outcome in ("failed", "rejected"))
 
 
 def run_solo(data: str, root: Path, args, counter: list[int]) -> dict:
@@ -120,13 +132,14 @@ def main() -> None:
             f"{statistics.median(r['epochs_per_min'] for r in runs):.1f}",
             f"{statistics.median(r['bytes_per_epoch'] for r in runs) / 1e6:.2f}" if name != "solo" else "-",
             f"{min(r['averaged_rounds'] for r in runs)}",
+            f"{max(r['failed_rounds'] for r in runs)}",
         ])
     print_table(
         f"Swarm utilization: micro Swin (0.54M params, {MODEL_BYTES / 1e6:.1f} MB fp32), batch 32, 1 thread per peer, "
         f"target batch {args.target_batch_size}, matchmaking {args.matchmaking_time:g} s; window {args.window:g} s "
         f"after {args.warmup:g} s warm-up, {args.repeats} repeats\n{machine()}",
         ["strategy", "samples/s per peer median [min..max]", "vs solo", "time in opt.step", "epochs/min",
-         "MB sent/epoch/peer", "rounds averaged (min)"],
+         "MB sent/epoch/peer", "rounds averaged (min)", "failed in window (max)"],
         rows,
     )
     print(f"fp32 gradient all-reduce per epoch per peer, 2(N-1)/N x model bytes: {MODEL_BYTES / 1e6:.2f} MB")
