@@ -27,6 +27,9 @@ def build_extensions(config) -> list[Extension]:
     from swarmd.swarm.announcer import PeerAnnouncer
 
     extensions.append(PeerAnnouncer(config.run_id))
+    from swarmd.swarm.reachability import ReachabilityCheck
+
+    extensions.append(ReachabilityCheck())
     if config.logging.progress_interval:
         from swarmd.daemon.progress_log import ProgressLogger
 

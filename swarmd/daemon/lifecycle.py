@@ -177,7 +177,7 @@ class Daemon:
         if self.checkpointer is not None:
             self.checkpointer.peer_id = self.identity.peer_id
         public = [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
-        logger.info("This peer (%s) is reachable at: %s", self.identity.peer_id, ", ".join(maddrs) or "nowhere")
+        logger.info("This peer (%s) announces: %s", self.identity.peer_id, ", ".join(maddrs) or "nothing (client mode)")
         logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path))
         self._check_stop()
         return dht

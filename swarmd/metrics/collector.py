@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
-from swarmd.status.snapshot import PEER_STATES, Snapshot
+from swarmd.status.snapshot import PEER_STATES, REACHABILITY_STATES, Snapshot
 from swarmd.swarm.outcomes import KINDS, OUTCOMES, outcome_help
 
 __all__ = ["SwarmdMetrics", "DaemonCollector", "GAUGES", "COUNTERS"]
@@ -120,6 +120,10 @@ class DaemonCollector(Collector):
         s = self._read_snapshot()
         yield _info(s)
         yield StateSetMetricFamily("swarmd_state", "The daemon's state.", {name: s.state == name for name in PEER_STATES})
+        yield StateSetMetricFamily(
+            "swarmd_reachable", "Whether a peer in the swarm could dial this one back: yes, no, unknown.",
+            {name: s.reachable == name for name in REACHABILITY_STATES},
+        )
         for name, documentation, value in GAUGES:
             yield _family(GaugeMetricFamily(name, documentation), value(s))
         for name, documentation, value in COUNTERS:

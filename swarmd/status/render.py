@@ -84,7 +84,7 @@ def _header(s: dict[str, Any]):
             grid.add_row("", f"no peer of run {s.get('run_id')!r} found: is --run-id the run's id?")
         return grid
     name = s.get("public_name") or "?"
-    grid.add_row("peer", f"{name} ({_short_id(s.get('peer_id'))})  {_role(s)}")
+    grid.add_row("peer", f"{name} ({_short_id(s.get('peer_id'))})  {_role(s)}  ·  reachable: {_reachable(s)}")
     state = s.get("state") or "?"
     phase = s.get("phase")
     grid.add_row(
@@ -103,6 +103,16 @@ def _header(s: dict[str, Any]):
     if s.get("last_error"):
         grid.add_row("last error", str(s["last_error"])[:200])
     return grid
+
+
+def _reachable(s: dict[str, Any]) -> str:
+    """yes / no (the advice is in the log) / unknown (no peer answered yet; a client-mode peer is not checked)."""
+    reachable = s.get("reachable") or "unknown"
+    if reachable == "no":
+        return "[red]no[/red] (see the log for how to fix it)"
+    if reachable == "unknown" and s.get("client_mode"):
+        return "not checked (client mode)"
+    return reachable
 
 
 def _epoch(s: dict[str, Any]):

@@ -22,6 +22,7 @@ from swarmd.swarm.outcomes import KINDS, OUTCOMES
 __all__ = [
     "API_VERSION",
     "PEER_STATES",
+    "REACHABILITY_STATES",
     "Snapshot",
     "Identity",
     "SwarmProgress",
@@ -37,6 +38,7 @@ __all__ = [
 
 API_VERSION = 1
 PEER_STATES = ("starting", "joining", "training", "stopping")  # the daemon's states (`phase` is the worker's)
+REACHABILITY_STATES = ("yes", "no", "unknown")  # can other peers dial this one (swarm/reachability.py)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class Snapshot:
     metrics_address: Optional[str] = None  # where /metrics is bound (None: off, or the port was taken)
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0
+    reachable: str = "unknown"  # one of REACHABILITY_STATES
     watchdog: Optional[WatchdogInfo] = None
     network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
     tracking: Optional[TrackingInfo] = None

@@ -253,6 +253,39 @@ def test_forged_and_malformed_records_are_not_shown(swarm):
         rogue.join(10)
 
 
+def test_peers_that_dial_each_other_back_are_reachable(swarm):
+    for peer in swarm:
+        status = peer.wait_status(lambda s: s["reachable"] == "yes", timeout=60, what="a dial-back from the other peer")
+        assert metric_values(scrape(status["metrics_address"]))[("swarmd_reachable", (("swarmd_reachable", "yes"),))] == 1
+        assert "Reachable: a peer in the swarm dialed this one back at /ip4/127.0.0.1/tcp/" in peer.log
+
+
+def test_a_peer_announcing_a_dead_address_is_told_how_to_fix_it(swarm, shared_data, tmp_path):
+    """It joins through a dead first initial peer and a /dns4/ one, is dialed back at the address it announces,
+    where nothing listens, and logs the numbered fix-it steps."""
+    import socket
+
+    first, _ = swarm
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    address = first.initial_peers()[0]  # /ip4/127.0.0.1/tcp/PORT/p2p/ID
+    port, peer_id = address.split("/tcp/")[1].split("/p2p/")
+    joins = ["--initial-peers", f"/ip4/127.0.0.1/tcp/{closed}/p2p/{peer_id}",
+             "--initial-peers", f"/dns4/localhost/tcp/{port}/p2p/{peer_id}"]
+    config = observe_config(shared_data, "third")
+    config["network"]["announce_maddrs"] = [f"/ip4/127.0.0.1/tcp/{closed}"]
+    third = DaemonProcess(tmp_path / "third", config, extra_args=joins, name="third").start()
+    try:
+        status = third.wait_status(lambda s: s["reachable"] == "no", timeout=120, what="the failed dial-back")
+        assert status["visible_maddrs"] == [f"/ip4/127.0.0.1/tcp/{closed}/p2p/{status['peer_id']}"]
+        assert f"This peer is NOT reachable at /ip4/127.0.0.1/tcp/{closed}" in third.log
+        assert f"1. open TCP port {closed}" in third.log and "3. or join with --client-mode" in third.log
+        assert third.terminate(timeout=60) == 0, third.tail()  # a graceful goodbye: the swarm goes on without it
+    finally:
+        third.close()
+
+
 def test_a_stopping_peer_withdraws_its_record_and_nothing_is_left(swarm):
     first, second = swarm
     second_id = second.status()["peer_id"]
