@@ -35,7 +35,7 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, export, join, prepare, service, status, tasks
+    from swarmd.cli import config_cmd, export, join, monitor, prepare, service, status, tasks
 
     join.register(app)
     status.register(app)
@@ -44,6 +44,7 @@ def _register() -> None:
     tasks.register(app)
     app.add_typer(prepare.app, name="prepare")
     export.register(app)
+    monitor.register(app)
 
 
 _register()

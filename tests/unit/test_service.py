@@ -14,7 +14,8 @@ from swarmd.config.schema import DaemonConfig
 from swarmd.install import SHIPPED_EXEC, InstallError, exec_command, install_service
 
 UNITS = REPO / "systemd"
-SHIPPED = ["swarmd.service", "swarmd@.service"]
+PEER_UNITS = ["swarmd.service", "swarmd@.service"]
+SHIPPED = [*PEER_UNITS, "swarmd-monitor.service"]
 
 
 @pytest.fixture
@@ -63,6 +64,7 @@ def test_shipped_units_verify_cleanly_with_a_real_executable(systemd_analyze, tm
         copy.write_text(shipped.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={' '.join(command)} "))
         assert copy.read_text().count(" ".join(command)) == 1  # nothing else changed
     assert verify(systemd_analyze, tmp_path / "swarmd.service") == ""
+    assert verify(systemd_analyze, tmp_path / "swarmd-monitor.service") == ""
     # the template is checked as itself (instance "i") and as an instance loaded from it
     assert verify(systemd_analyze, tmp_path / "swarmd@.service", tmp_path / "swarmd@albert.service") == ""
 
@@ -73,7 +75,7 @@ def test_verify_would_catch_a_broken_unit(systemd_analyze, tmp_path):
     assert "mixd" in verify(systemd_analyze, tmp_path / "swarmd.service")
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", PEER_UNITS)
 def test_units_say_what_the_issue_asks(name):
     unit = read_unit(UNITS / name)
     one = {key: values[-1] for key, values in unit.items()}
@@ -96,6 +98,14 @@ def test_units_say_what_the_issue_asks(name):
     else:
         assert one["StateDirectory"] == "swarmd"
         assert one["ExecStart"] == f"{SHIPPED_EXEC} join --config %E/swarmd/swarmd.yaml"
+
+
+def test_the_monitor_unit_runs_the_monitor_of_the_peers_config():
+    one = {key: values[-1] for key, values in read_unit(UNITS / "swarmd-monitor.service").items()}
+    assert one["ExecStart"] == f"{SHIPPED_EXEC} monitor --config %E/swarmd/swarmd.yaml --state-dir %S/swarmd-monitor"
+    assert one["StateDirectory"] == "swarmd-monitor" and one["User"] == "swarmd"
+    assert one["Restart"] == "on-failure" and "2" in one["RestartPreventExitStatus"].split()
+    assert one["KillSignal"] == "SIGTERM" and seconds(one["TimeoutStopSec"]) >= 120  # it keeps the model once more
 
 
 def test_install_an_instance_into_a_root(systemd_analyze, tmp_path):

@@ -1,0 +1,142 @@
+"""The monitor's loop: read the swarm every `interval` seconds, log its totals, serve them, keep its model.
+
+A light client of the DHT (status/remote.py RemoteSwarm: client mode, publishes nothing, not counted as a peer)
+reads every peer's signed record and hivemind's progress. Each read becomes `SwarmTotals` (monitor/totals.py),
+logged to the config's tracking backends (through the same fan-out a peer uses, off this loop) and served on a
+/metrics endpoint of its own: one scrape target for the whole swarm. Every `keep_every` seconds the StateKeeper
+downloads the swarm's state and writes it as a checkpoint and an export; it keeps the model once more when the
+monitor stops. SIGTERM or SIGINT stops it between reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Optional
+
+from swarmd.monitor.totals import SwarmTotals, swarm_totals
+
+__all__ = ["Monitor", "MonitorMetrics"]
+
+logger = logging.getLogger("swarmd.monitor")
+
+
+class MonitorMetrics:
+    """The swarm's totals as Prometheus gauges, in a registry of their own."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        gauge = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
+        self.alive_peers = gauge("swarmd_swarm_peers", "Peers of the run with a live record (the monitor not counted).")
+        self.trainers = gauge("swarmd_swarm_trainers", "Of them, peers that train (not auxiliary).")
+        self.samples_per_second = gauge("swarmd_swarm_samples_per_second", "The trainers' samples/s, summed.")
+        self.global_epoch = gauge("swarmd_swarm_global_epoch", "The swarm's global epoch (hivemind's progress).")
+        self.loss = gauge("swarmd_swarm_loss", "Training loss averaged over the samples trained since the last read.")
+        self.kept_epoch = gauge("swarmd_monitor_kept_epoch", "Global epoch of the model the monitor kept last (-1: none).")
+        self.kept_epoch.set(-1)
+        self.rounds = Counter(
+            "swarmd_swarm_averaging_rounds", "Averaging rounds the peers reported, by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        self.reads_failed = Counter("swarmd_monitor_reads_failed", "Reads of the DHT that did not answer in time.",
+                                    registry=self.registry)
+
+    def update(self, totals: SwarmTotals) -> None:
+        self.alive_peers.set(totals.alive_peers)
+        self.trainers.set(totals.trainers)
+        self.samples_per_second.set(totals.samples_per_second)
+        if totals.global_epoch is not None:
+            self.global_epoch.set(totals.global_epoch)
+        if totals.loss is not None:
+            self.loss.set(totals.loss)
+        self.rounds.labels("success").inc(totals.rounds_succeeded)
+        self.rounds.labels("failed").inc(totals.rounds_failed)
+
+
+class Monitor:
+    def __init__(self, config, swarm, *, interval: float, keep_every: float, metrics_listen: Optional[str]):
+        self.config, self.swarm = config, swarm  # swarm: a started status/remote.py RemoteSwarm
+        self.interval, self.keep_every, self.metrics_listen = interval, keep_every, metrics_listen
+        self.metrics = MonitorMetrics()
+        self.keeper = None
+        self._stop = threading.Event()
+        self._previous: dict[str, dict] = {}
+        self._reads = 0
+
+    def stop(self, *_signal) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        from swarmd.tracking.backends import build_backends
+        from swarmd.tracking.base import LoggerFanout
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.stop)
+        self._serve_metrics()
+        tracking = LoggerFanout(build_backends(self.config))
+        tracking.start()
+        if self.keep_every > 0:
+            from swarmd.monitor.keeper import StateKeeper
+
+            self.keeper = StateKeeper(self.config, self.swarm.dht)
+        next_keep = time.monotonic() + min(self.keep_every, 30.0)  # a first model soon, then every keep_every
+        try:
+            while not self._stop.is_set():
+                self._read_once(tracking)
+                if self.keeper is not None and time.monotonic() >= next_keep:
+                    self._keep()
+                    next_keep = time.monotonic() + self.keep_every
+                self._stop.wait(self.interval)
+            if self.keeper is not None:
+                self._keep()  # the newest model on the way out: the peers may be gone after this
+        finally:
+            tracking.close(timeout=10.0)
+            if self.keeper is not None:
+                self.keeper.close()
+        return 0
+
+    def _read_once(self, tracking) -> None:
+        from swarmd.status.remote import SwarmUnreadable
+
+        try:
+            snapshot = self.swarm.snapshot()
+        except SwarmUnreadable as e:
+            self.metrics.reads_failed.inc()
+            logger.warning("The swarm could not be read: %s", e)
+            return
+        peers = [dict(p) for p in snapshot.peers]
+        totals = swarm_totals(peers, self._previous, snapshot.global_epoch)
+        self._previous = {p["peer_id"]: p for p in peers}
+        self._reads += 1
+        self.metrics.update(totals)
+        tracking.log(totals.scalars(), step=self._reads, axis="local_step")
+        logger.info(
+            "swarm: epoch %s, %d peer(s) (%d training), %.1f samples/s, loss %s, rounds %d ok / %d failed",
+            totals.global_epoch if totals.global_epoch is not None else "?", totals.alive_peers, totals.trainers,
+            totals.samples_per_second, f"{totals.loss:.4g}" if totals.loss is not None else "?",
+            totals.rounds_succeeded, totals.rounds_failed,
+        )
+
+    def _keep(self) -> None:
+        try:
+            kept = self.keeper.keep()
+        except Exception as e:  # noqa: BLE001 - a failed download or a full disk must not stop the monitor
+            logger.warning("Could not keep the swarm's model: %s", e)
+            return
+        if kept is not None:
+            self.metrics.kept_epoch.set(kept.epoch)
+
+    def _serve_metrics(self) -> None:
+        if not self.metrics_listen:
+            return
+        from prometheus_client import start_http_server
+
+        from swarmd.metrics.extension import split_listen_address
+
+        host, port = split_listen_address(self.metrics_listen)
+        server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
+        logger.info("Swarm metrics at http://%s:%d/metrics", host, server.server_address[1])
