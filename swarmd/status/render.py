@@ -229,15 +229,26 @@ def _rounds(s: dict[str, Any], now: float):
 def _loss(s: dict[str, Any]):
     from rich.text import Text
 
-    history = [(epoch, loss) for epoch, loss in s.get("loss_history") or [] if loss is not None]
-    if not history:
-        return Text.assemble(("loss trend  ", "bold"), "(no finished epoch yet)")
-    recent = history[-40:]
-    values = [loss for _, loss in recent]
+    from rich.console import Group
+
+    return Group(
+        _trend("loss trend", s.get("loss_history"), "cyan", "{:.4g}"),
+        _trend("samples/s  ", s.get("rate_history"), "green", "{:.1f}"),
+    )
+
+
+def _trend(label: str, history, style: str, number: str):
+    """A sparkline of the last 40 epochs of ((epoch, value), ...), with the first and last values."""
+    from rich.text import Text
+
+    recent = [(epoch, value) for epoch, value in history or [] if value is not None][-40:]
+    if not recent:
+        return Text.assemble((f"{label}  ", "bold"), "(no finished epoch yet)")
+    values = [value for _, value in recent]
     return Text.assemble(
-        ("loss trend  ", "bold"),
-        (sparkline(values), "cyan"),
-        f"  {values[0]:.4g} → {values[-1]:.4g}  (epochs {recent[0][0]}-{recent[-1][0]})",
+        (f"{label}  ", "bold"),
+        (sparkline(values), style),
+        f"  {number.format(values[0])} → {number.format(values[-1])}  (epochs {recent[0][0]}-{recent[-1][0]})",
     )
 
 

@@ -165,6 +165,7 @@ class Snapshot:
     optimizer_seconds_total: float = 0.0  # inside hivemind.Optimizer.step: accumulation, averaging waits, updates
     loss: Optional[float] = None
     loss_history: tuple = ()  # ((epoch, mean loss), ...)
+    rate_history: tuple = ()  # ((epoch, samples/s), ...)
     step_metrics: dict = field(default_factory=dict)  # the task's extras of the last step (e.g. train accuracy)
     learning_rates: tuple = ()  # per param group, read by the worker at each epoch
     loss_scale: Optional[float] = None  # fp16 only
@@ -288,6 +289,7 @@ def _worker_fields(worker) -> dict[str, Any]:
         optimizer_seconds_total=round(worker.optimizer_seconds_total, 3),
         loss=worker.loss,
         loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
+        rate_history=tuple((epoch, round(rate, 3)) for epoch, rate in worker.rate_history),
         step_metrics=dict(worker.step_metrics),
         learning_rates=tuple(worker.readings.get("learning_rates") or ()),
         loss_scale=worker.readings.get("loss_scale"),

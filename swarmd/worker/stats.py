@@ -34,6 +34,7 @@ class WorkerReport:
     samples_per_second: float
     loss: Optional[float]
     loss_history: tuple  # ((epoch, mean loss), ...)
+    rate_history: tuple  # ((epoch, samples/s over its wall time), ...)
     compute_seconds_total: float
     optimizer_seconds_total: float
     failures_total: int
@@ -63,6 +64,9 @@ class WorkerStats:
     _window: deque = field(default_factory=lambda: deque(maxlen=50))  # (end time, samples, seconds, loss)
     _epoch_losses: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, mean loss)
     _losses_this_epoch: list = field(default_factory=list)
+    _epoch_rates: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, samples/s)
+    _samples_this_epoch: int = 0
+    _epoch_began: Optional[float] = None  # clock time of the first step of this epoch's bucket
     _step_seconds: list = field(default_factory=list)  # for the metrics histogram, drained by the daemon's tick
     _lock: threading.Lock = field(default_factory=threading.Lock)
     clock: Callable[[], float] = time.monotonic  # injectable, so tests age an activity without sleeping
@@ -105,6 +109,9 @@ class WorkerStats:
             recent = [entry[3] for entry in list(self._window)[-10:] if math.isfinite(entry[3])]
             self.loss = sum(recent) / len(recent) if recent else None
             self._losses_this_epoch.append(loss)
+            if self._epoch_began is None:
+                self._epoch_began = self.clock() - seconds
+            self._samples_this_epoch += samples
             self._step_seconds.append(seconds)
             if len(self._step_seconds) > 10_000:
                 del self._step_seconds[:5_000]
@@ -118,6 +125,11 @@ class WorkerStats:
             if finite:
                 self._epoch_losses.append((epoch, sum(finite) / len(finite)))
             self._losses_this_epoch = []
+            if self._epoch_began is not None and self._samples_this_epoch:
+                elapsed = self.clock() - self._epoch_began  # averaging waits included: the rate the swarm sees
+                if elapsed > 0:
+                    self._epoch_rates.append((epoch, self._samples_this_epoch / elapsed))
+            self._samples_this_epoch, self._epoch_began = 0, self.clock()
 
     def record_failure(self, error: BaseException) -> None:
         """A training step raised."""
@@ -159,6 +171,7 @@ class WorkerStats:
                 samples_per_second=_rate(self._window),
                 loss=self.loss,
                 loss_history=tuple(self._epoch_losses),
+                rate_history=tuple(self._epoch_rates),
                 compute_seconds_total=self.compute_seconds_total,
                 optimizer_seconds_total=self.optimizer_seconds_total,
                 failures_total=self.failures_total,

@@ -60,3 +60,27 @@ def test_a_narrow_terminal_keeps_the_essential_peer_columns():
         assert "96 / 128 samples (75%)" in frame
     assert "peer id" in wide and "peer id" not in narrow
     assert "…" not in narrow.split("peers (2)")[1].split("recent averaging")[0]  # nothing cut short
+
+
+def test_the_local_frame_draws_loss_and_throughput_trends_and_reachability():
+    snapshot = {**sample_snapshot(time.time()), "loss_history": [[5, 2.0], [6, 1.5], [7, 1.0]],
+                "rate_history": [[5, 100.0], [6, 150.0], [7, 200.0]], "reachable": "no"}
+    frame = text_of(build_view(snapshot))
+    assert "loss trend  █▅▁  2 → 1  (epochs 5-7)" in frame
+    assert "samples/s    ▁▅█  100.0 → 200.0  (epochs 5-7)" in frame
+    assert "reachable: no (see the log for how to fix it)" in frame
+
+
+def test_worker_stats_keep_each_epochs_samples_per_second():
+    from swarmd.worker.stats import WorkerStats
+
+    now = [100.0]
+    stats = WorkerStats(clock=lambda: now[0])
+    for _ in range(4):  # epoch 0: 4 steps of 16 samples, 0.5 s each, 2 s in all
+        now[0] += 0.5
+        stats.record_step(samples=16, seconds=0.5, loss=1.0)
+    stats.end_epoch(0)
+    now[0] += 3.0  # epoch 1: one step after a 2.5 s wait on averaging: 16 samples in 3 s
+    stats.record_step(samples=16, seconds=0.5, loss=1.0)
+    stats.end_epoch(1)
+    assert stats.report().rate_history == ((0, 32.0), (1, 16 / 3.0))
