@@ -44,6 +44,9 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_samples_per_second", "This peer's throughput over its recent steps (wall time, averaging waits included).",
      lambda s: s.samples_per_second),
     ("swarmd_loss", "Mean training loss of the last few local steps.", lambda s: s.loss),
+    ("swarmd_loss_scale", "The fp16 loss scale (fp16 peers only).", lambda s: s.loss_scale),
+    ("swarmd_grad_norm", "L2 norm of the gradient the last global step used (the swarm's average, or local).",
+     lambda s: s.grad_norm),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )
@@ -130,6 +133,7 @@ class DaemonCollector(Collector):
             yield _family(CounterMetricFamily(name, documentation), value(s))
         yield from _averaging(s)
         yield from _ranks(s)
+        yield from _readings(s)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:
@@ -168,6 +172,29 @@ def _ranks(s: Snapshot) -> Iterable:
             if row.get(key) is not None:
                 family.add_metric([str(row["rank"]), str(row["device"])], float(row[key]))
         yield family
+
+
+def _readings(s: Snapshot) -> Iterable:
+    """What the worker reads each epoch: the learning rate per param group, the task's step metrics, and the
+    CUDA memory of a one-rank peer (a peer of several ranks reports it per rank, above)."""
+    lr = GaugeMetricFamily("swarmd_learning_rate", "Learning rate of each param group, read once per epoch.",
+                           labels=["group"])
+    for index, value in enumerate(s.learning_rates):
+        lr.add_metric([str(index)], float(value))
+    yield lr
+    task = GaugeMetricFamily("swarmd_task_metric", "The task's own metrics of the last step (e.g. train accuracy).",
+                             labels=["name"])
+    for name, value in sorted(s.step_metrics.items()):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            task.add_metric([str(name)], float(value))
+    yield task
+    memory = GaugeMetricFamily("swarmd_cuda_memory_bytes", "CUDA memory of the worker's device: allocated by "
+                               "tensors, reserved by the caching allocator.", labels=["device", "kind"])
+    for row in s.cuda_memory:
+        for kind in ("allocated", "reserved"):
+            if row.get(f"{kind}_bytes") is not None:
+                memory.add_metric([str(row["device"]), kind], float(row[f"{kind}_bytes"]))
+    yield memory
 
 
 def _family(family, value):

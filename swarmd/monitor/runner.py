@@ -31,15 +31,15 @@ class MonitorMetrics:
 
         self.registry = CollectorRegistry()
         gauge = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
-        self.alive_peers = gauge("swarmd_swarm_peers", "Peers of the run with a live record (the monitor not counted).")
-        self.trainers = gauge("swarmd_swarm_trainers", "Of them, peers that train (not auxiliary).")
-        self.samples_per_second = gauge("swarmd_swarm_samples_per_second", "The trainers' samples/s, summed.")
-        self.global_epoch = gauge("swarmd_swarm_global_epoch", "The swarm's global epoch (hivemind's progress).")
-        self.loss = gauge("swarmd_swarm_loss", "Training loss averaged over the samples trained since the last read.")
+        self.alive_peers = gauge("swarmd_monitor_peers", "Peers of the run with a live record (the monitor not counted).")
+        self.trainers = gauge("swarmd_monitor_trainers", "Of them, peers that train (not auxiliary).")
+        self.samples_per_second = gauge("swarmd_monitor_samples_per_second", "The trainers' samples/s, summed.")
+        self.global_epoch = gauge("swarmd_monitor_global_epoch", "The swarm's global epoch (hivemind's progress).")
+        self.loss = gauge("swarmd_monitor_loss", "Training loss averaged over the samples trained since the last read.")
         self.kept_epoch = gauge("swarmd_monitor_kept_epoch", "Global epoch of the model the monitor kept last (-1: none).")
         self.kept_epoch.set(-1)
         self.rounds = Counter(
-            "swarmd_swarm_averaging_rounds", "Averaging rounds the peers reported, by outcome.", ["outcome"],
+            "swarmd_monitor_averaging_rounds", "Averaging rounds the peers reported, by outcome.", ["outcome"],
             registry=self.registry,
         )
         self.reads_failed = Counter("swarmd_monitor_reads_failed", "Reads of the DHT that did not answer in time.",

@@ -169,6 +169,7 @@ class Snapshot:
     step_metrics: dict = field(default_factory=dict)  # the task's extras of the last step (e.g. train accuracy)
     learning_rates: tuple = ()  # per param group, read by the worker at each epoch
     loss_scale: Optional[float] = None  # fp16 only
+    grad_norm: Optional[float] = None  # of the (averaged) gradient of the last global step
     cuda_memory: tuple = ()  # ({device, allocated_bytes, reserved_bytes}, ...) of the worker's CUDA devices
     failures_total: int = 0
     nonfinite_steps_total: int = 0
@@ -293,6 +294,7 @@ def _worker_fields(worker) -> dict[str, Any]:
         step_metrics=dict(worker.step_metrics),
         learning_rates=tuple(worker.readings.get("learning_rates") or ()),
         loss_scale=worker.readings.get("loss_scale"),
+        grad_norm=worker.readings.get("grad_norm"),
         cuda_memory=tuple(worker.readings.get("cuda_memory") or ()),
         failures_total=worker.failures_total,
         nonfinite_steps_total=worker.nonfinite_steps_total,

@@ -245,6 +245,8 @@ class SwarmOptimizer(Optimizer):
         began = super()._begin_averaging_gradients(grad_scaler)
         if not began:  # alone in the swarm (or the round could not start): the step uses local gradients
             self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
+            self.grad_averager.load_accumulators_into_averager_()  # what upstream does next (idempotent)...
+            self._measure_grad_norm()  # ...so that the norm is that of this epoch's local gradient
         return began
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Optional[StepControl]):
@@ -286,6 +288,20 @@ class SwarmOptimizer(Optimizer):
             return ""
         with self.grad_averager.get_tensors() as averaged:
             return implausible_average(own, list(averaged), self.guard_gradient_norm_ratio)
+
+    last_grad_norm: Optional[float] = None  # of the gradient the last global step used (averaged, or local)
+
+    def _load_averaged_gradients_into_optimizer_(self):
+        super()._load_averaged_gradients_into_optimizer_()  # a failed round's local fallback goes through here too
+        self._measure_grad_norm()
+
+    def _measure_grad_norm(self) -> None:
+        """The norm of the gradient in the averager's buffers: the one this epoch's optimizer step uses."""
+        import torch
+
+        with torch.no_grad(), self.grad_averager.get_tensors() as gradients:
+            norms = torch._foreach_norm(list(gradients))
+            self.last_grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
 
     def _replace_average_with_own_gradients(self) -> None:
         with self.grad_averager.get_tensors() as averaged:

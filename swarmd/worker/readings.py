@@ -15,7 +15,7 @@ __all__ = ["epoch_readings", "cuda_memory"]
 
 
 def epoch_readings(optimizer, precision, device: torch.device) -> dict[str, Any]:
-    """{learning_rates: [lr per param group], loss_scale: float or None (not fp16), cuda_memory: [...]}.
+    """{learning_rates: [lr per param group], loss_scale: float or None (not fp16), cuda_memory: [...], grad_norm}.
 
     `optimizer`: hivemind.Optimizer (its param_groups are the inner optimizer's, which the LR schedule steps once
     per global epoch); `precision`: the worker's swarmd.worker.precision mode, None on an auxiliary peer.
@@ -25,6 +25,8 @@ def epoch_readings(optimizer, precision, device: torch.device) -> dict[str, Any]
         "learning_rates": [float(group["lr"]) for group in optimizer.param_groups],
         "loss_scale": float(scale) if scale is not None else None,
         "cuda_memory": cuda_memory([device]),
+        # swarm/optimizer.py: the norm of the gradient the last global step used (None before it, or without one)
+        "grad_norm": getattr(optimizer, "last_grad_norm", None),
     }
 
 

@@ -69,7 +69,7 @@ def test_the_monitor_sees_the_swarm_and_keeps_its_model(daemons, test_tasks_env,
 
         def sees_the_swarm():
             text = scrape(address)
-            return metric(text, "swarmd_swarm_peers") == 2 and metric(text, "swarmd_swarm_samples_per_second") > 0 \
+            return metric(text, "swarmd_monitor_peers") == 2 and metric(text, "swarmd_monitor_samples_per_second") > 0 \
                 and metric(text, "swarmd_monitor_kept_epoch") >= 0
 
         first.wait_for(sees_the_swarm, 120, "the monitor to count 2 peers and keep a model")

@@ -42,8 +42,10 @@ def test_a_peer_logs_every_epoch_to_tensorboard_and_wandb_offline(daemons, test_
     assert len(scalars["loss_metrics/recent_avg_loss"]) >= MAX_EPOCHS // 2
     assert scalars["swarm/num_peers"][MAX_EPOCHS] == 1.0  # (0 until hivemind's tracker has read its own report)
     assert scalars["throughput/local_samples_per_second"][MAX_EPOCHS] > 0
-    if "learning_rates" in status:  # once the snapshot carries the learning rate (see docs/TRACKING.md)
-        assert sorted(scalars["lr/group_0"]) == epochs
+    assert sorted(scalars["lr/group_0"]) == epochs
+    # the norm of the gradient each global step used (local here: one peer), from the first step on
+    assert set(scalars["loss_metrics/grad_norm"]) >= set(range(1, MAX_EPOCHS + 1)), scalars["loss_metrics/grad_norm"]
+    assert all(value > 0 for value in scalars["loss_metrics/grad_norm"].values())
 
     run_files = list((peer.state_dir / "tracking" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1

@@ -93,7 +93,9 @@ def test_scrape_follows_training():
     assert before[("swarmd_state_loads_total", ())] == 1
 
     for _ in range(3):
-        parts.stats.record_step(samples=16, seconds=0.02, loss=2.0)
+        parts.stats.record_step(samples=16, seconds=0.02, loss=2.0, metrics={"accuracy": 0.25})
+    parts.stats.record_readings({"learning_rates": [0.1, 0.01], "loss_scale": None, "grad_norm": 3.5,
+                                 "cuda_memory": [{"device": "cuda:0", "allocated_bytes": 10, "reserved_bytes": 20}]})
     parts.log.record("gradients", "success", group_size=3, duration=1.5, epoch=3)
     parts.log.record("state", "failed", group_size=1, duration=30.0, epoch=3, error="TimeoutError()")
     parts.log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=4)
@@ -105,6 +107,10 @@ def test_scrape_follows_training():
     assert after[("swarmd_global_epoch", ())] == 4 and after[("swarmd_local_epoch", ())] == 4
     assert after[("swarmd_samples_total", ())] == 48 and after[("swarmd_steps_total", ())] == 3
     assert after[("swarmd_loss", ())] == 2.0
+    assert after[("swarmd_learning_rate", (("group", "1"),))] == 0.01 and after[("swarmd_grad_norm", ())] == 3.5
+    assert ("swarmd_loss_scale", ()) not in after  # not fp16: no value
+    assert after[("swarmd_task_metric", (("name", "accuracy"),))] == 0.25
+    assert after[("swarmd_cuda_memory_bytes", (("device", "cuda:0"), ("kind", "reserved")))] == 20
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "success")))] == 2
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "skipped")))] == 1
     assert after[("swarmd_averaging_rounds_total", (("kind", "state"), ("outcome", "failed")))] == 1
