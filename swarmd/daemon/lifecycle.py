@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from swarmd.daemon.extension import AveragingRoundFinished, Extension, StepsFinished
-from swarmd.daemon.signals import StopSignals
+from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView
 from swarmd.errors import ExitCode, SwarmdError
@@ -61,6 +61,7 @@ class Daemon:
         self._snapshot: Snapshot = build_snapshot(self.identity, self.state)
         self._lock = StateDirLock(config.state_path)
         self._signals: Optional[StopSignals] = None
+        self._reload_signal = ReloadSignal(self._reload)
         self._exit_code = ExitCode.OK
 
     # --- run -----------------------------------------------------------------------------------------------
@@ -68,6 +69,7 @@ class Daemon:
     async def run(self) -> int:
         self._signals = StopSignals(lambda: self.status_server.path if self.status_server is not None else None)
         self._signals.install()
+        self._reload_signal.install()
         try:
             try:
                 await self._startup()
@@ -87,6 +89,7 @@ class Daemon:
         finally:
             await self._shutdown()
             self._signals.restore()
+            self._reload_signal.restore()
 
     # --- startup: each phase returns what the next one needs ----------------------------------------------
 
@@ -111,6 +114,8 @@ class Daemon:
         for extension in self.extensions:
             try:
                 await extension.start(self.view)
+            except SwarmdError:
+                raise  # the operator's setting cannot work (e.g. a private swarm's list): never run without it
             except Exception:  # noqa: BLE001 - an observer must not stop the daemon
                 logger.exception("%s failed to start; going on without it", type(extension).__name__)
         self._refresh_snapshot()
@@ -297,6 +302,12 @@ class Daemon:
                 logger.exception("%s failed to add to the status", type(extension).__name__)
         self._snapshot = snapshot
         return snapshot
+
+    def _reload(self) -> None:
+        """SIGHUP: each extension reads its changing settings again."""
+        for extension in self.extensions:
+            _guarded(extension.reload, self.view)
+        self._refresh_snapshot()
 
     @property
     def snapshot(self) -> Snapshot:

@@ -44,6 +44,8 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_samples_per_second", "This peer's throughput over its recent steps (wall time, averaging waits included).",
      lambda s: s.samples_per_second),
     ("swarmd_loss", "Mean training loss of the last few local steps.", lambda s: s.loss),
+    ("swarmd_allowed_peers", "Peers on network.allowed_peers besides this one (absent: an open swarm).",
+     lambda s: s.allowed_peers),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )
@@ -126,6 +128,7 @@ class DaemonCollector(Collector):
             yield _family(CounterMetricFamily(name, documentation), value(s))
         yield from _averaging(s)
         yield from _ranks(s)
+        yield from _refusals(s)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:
@@ -155,6 +158,19 @@ def _averaging(s: Snapshot) -> Iterable:
     for kind, last in sorted(s.last_averaging_by_kind.items()):
         group.add_metric([kind], float(last.group_size))
     yield group
+
+
+def _refusals(s: Snapshot) -> Iterable:
+    """A private swarm's refusals of peers outside its list, by where they tried to act (only when private)."""
+    if s.allowed_peers is None:
+        return
+    family = CounterMetricFamily(
+        "swarmd_refused", "Records and requests of peers outside network.allowed_peers that this peer refused, by "
+        "where: dht_records, join_group, aggregate_part, download_state.", labels=["where"],
+    )
+    for where, count in sorted(s.refusals.items()):
+        family.add_metric([where], float(count))
+    yield family
 
 
 def _ranks(s: Snapshot) -> Iterable:

@@ -187,6 +187,9 @@ class Snapshot:
     metrics_address: Optional[str] = None  # where /metrics is bound (None: off, or the port was taken)
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0
+    # a private swarm (network.allowed_peers; swarm/private.py): None in an open swarm
+    allowed_peers: Optional[int] = None  # peer ids on the list besides this peer
+    refusals: dict = field(default_factory=dict)  # {where (swarm/allowlist.py WHERE): requests and records refused}
     watchdog: Optional[WatchdogInfo] = None
     network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
     tracking: Optional[TrackingInfo] = None
