@@ -1,6 +1,8 @@
-"""A private swarm (`network.allowed_peers`), with real peers: an outsider that knows the run id and an insider's
-address is not counted, never averages with the insiders and cannot download their state; once its id is added
-to the list file and the insiders get SIGHUP, it joins them.
+"""Who may join, with real peers. A private swarm (`network.allowed_peers`): an outsider that knows the run id and an
+insider's address is not counted, never averages with the insiders and cannot download their state; once its id is
+added to the list file and the insiders get SIGHUP, it joins them. Compatibility: two peers whose model or target
+batch size differ from the swarm's (the toy model twice as wide; another target batch size) stop before they
+average anything, with exit code 2 and one line naming the difference. One scenario, to start peers only once.
 
 Three peers on the toy task at LR 0, slowed down so that they fit on two cores. All start at epoch 0, so the
 outsider is in step and tries to join the insiders' groups; it is slower, falls behind and asks for the state.
@@ -22,12 +24,12 @@ def identity(tmp_path, name: str) -> str:
     return PeerID.from_identity((state / "identity.key").read_bytes()).to_base58()
 
 
-def config(tmp_path, allowed_peers=None, step_seconds=0.2) -> dict:
+def config(tmp_path, allowed_peers=None, step_seconds=0.2, hidden=32, target_batch_size=64) -> dict:
     return peer_config(
-        task={"name": "toy-regression", "frozen_epochs": 1_000_000, "frozen_step_seconds": step_seconds,
-              "start_file": str(tmp_path / "start")},
+        task={"name": "toy-regression", "hidden": hidden, "frozen_epochs": 1_000_000,
+              "frozen_step_seconds": step_seconds, "start_file": str(tmp_path / "start")},
         swarm={
-            "target_batch_size": 64,
+            "target_batch_size": target_batch_size,
             "matchmaking_time": 2.0,
             "averaging_timeout": 10.0,
             "load_state_timeout": 10.0,
@@ -45,7 +47,7 @@ def groups(status) -> list[int]:
     return [r["group_size"] for r in status["recent_averaging"] if r["outcome"] == "success"]
 
 
-def test_an_outsider_is_refused_everywhere_until_the_list_admits_it(daemons, test_tasks_env, tmp_path):
+def test_outsiders_are_refused_until_listed_and_misfits_exit_2(daemons, test_tasks_env, tmp_path):
     ids = {name: identity(tmp_path, name) for name in ("alice", "bob", "outsider")}
     listed = tmp_path / "allowed_peers.txt"
     listed.write_text(f"# the run's peers\n{ids['alice']}\n{ids['bob']}  # bob\n")
@@ -62,6 +64,12 @@ def test_an_outsider_is_refused_everywhere_until_the_list_admits_it(daemons, tes
     for node in (*insiders, outsider):
         node.wait_status(lambda s: s["state"] == "training", timeout=90, what="training")
     (tmp_path / "start").touch()  # everyone at epoch 0: the outsider is in step and tries to join a group
+    misfits = {  # they compare themselves with the swarm's peer records right after joining the DHT
+        daemons("wider", config(tmp_path, hidden=64), env=test_tasks_env, extra_args=join_alice):
+            "the swarm trains 577 parameters, this config builds 1,153: use the run's config",
+        daemons("bigger-batch", config(tmp_path, target_batch_size=128), env=test_tasks_env, extra_args=join_alice):
+            "the swarm's target_batch_size is 64, this config's is 128: set swarm.target_batch_size: 64",
+    }
 
     def refused_everywhere(_status) -> bool:
         statuses = [node.status() for node in insiders]
@@ -79,6 +87,11 @@ def test_an_outsider_is_refused_everywhere_until_the_list_admits_it(daemons, tes
         assert ids["outsider"] not in {peer["peer_id"] for peer in status["peers"]}
         assert f"Refused peer {ids['outsider']}" in node.log
     assert max(groups(outsider.status()), default=1) == 1  # it never averaged with anyone
+    for node, line in misfits.items():
+        assert node.proc.wait(60) == 2, node.tail()
+        [error] = [text for text in node.log.splitlines() if " ERROR " in text]
+        assert line in error, error
+        assert "Joined run" not in node.log  # stopped before the optimizer (and its averagers) existed
 
     listed.write_text(listed.read_text() + f"{ids['outsider']}\n")
     for node in insiders:

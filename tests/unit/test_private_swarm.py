@@ -24,6 +24,7 @@ from swarmd.swarm import allowlist
 from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
+from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.record_gate import AllowListValidator
 
 RSA_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -130,7 +131,7 @@ def test_the_validator_ignores_outsiders_records_on_the_runs_keys_only(tmp_path)
     allow_list = started_list(tmp_path, [insider])
     validator = AllowListValidator("run", allow_list)
 
-    for key in ("run_progress", "run_swarmd_peers_v1"):  # signed progress and peer records: by their owner
+    for key in ("run_progress", f"run_{RECORD_FIELD}"):  # signed progress and peer records: by their owner
         assert validator.validate(record(key, owner_subkey(insider_key)))
         assert not validator.validate(record(key, owner_subkey(outsider_key)))
     for key in ("run_state_averager.0b", "run_grad_averager.all_averagers", "run_diloco_outer.0b"):  # by peer id
