@@ -46,6 +46,8 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_loss", "Mean training loss of the last few local steps.", lambda s: s.loss),
     ("swarmd_allowed_peers", "Peers on network.allowed_peers besides this one (absent: an open swarm).",
      lambda s: s.allowed_peers),
+    ("swarmd_incompatible_peers", "Peers whose records disagree with this peer's model or must-agree settings "
+     "(left out of its peers).", lambda s: len(s.incompatible_peers)),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )

@@ -120,3 +120,21 @@ def test_a_running_peer_leaves_out_peers_that_disagree_and_says_so_once(caplog):
                          "difference": "that peer's target_batch_size is 4096, this config's is 128: "
                                        "set swarm.target_batch_size: 4096 or use the run's config"}]
     assert len([r for r in caplog.records if "Ignoring peer QmDiffer" in r.getMessage()]) == 1
+
+
+def test_the_status_view_says_which_peers_are_ignored_and_that_the_swarm_is_private():
+    import time
+
+    from rich.console import Console
+
+    from samples import sample_snapshot
+    from swarmd.status.render import build_view
+
+    status = {**sample_snapshot(time.time()), "allowed_peers": 2, "refusals": {"join_group": 3, "dht_records": 4},
+              "incompatible_peers": [{"peer_id": "QmDiffer22222222222222222", "public_name": "gamma",
+                                      "difference": "that peer's target_batch_size is 4096, this config's is 128"}]}
+    console = Console(record=True, width=160, file=open("/dev/null", "w"))
+    console.print(build_view(status))
+    frame = console.export_text()
+    assert "ignored gamma" in frame and "that peer's target_batch_size is 4096" in frame
+    assert "2 other peer(s) allowed (network.allowed_peers)  ·  7 refused" in frame
