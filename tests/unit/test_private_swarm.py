@@ -190,13 +190,16 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     assert len(refused) == 3  # once per peer and place
 
 
-def test_the_gate_keeps_upstreams_rpc_names():
-    from swarmd.swarm.optimizer import _AdmittingGradientAverager
+def test_the_gated_averagers_keep_upstreams_rpc_names():
+    from hivemind.averaging import DecentralizedAverager
     from hivemind.optim.grad_averager import GradientAverager
 
-    assert _AdmittingGradientAverager._get_handle_name("ns", "rpc_join_group") == GradientAverager._get_handle_name(
-        "ns", "rpc_join_group"
-    )
+    from swarmd.swarm.diloco import _OuterAverager
+    from swarmd.swarm.optimizer import _AdmittingGradientAverager
+
+    for gated, upstream in ((_AdmittingGradientAverager, GradientAverager), (_OuterAverager, DecentralizedAverager)):
+        for rpc in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
+            assert gated._get_handle_name("ns", rpc) == upstream._get_handle_name("ns", rpc)
 
 
 # --- status and metrics --------------------------------------------------------------------------------------
