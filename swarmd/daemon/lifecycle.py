@@ -208,7 +208,7 @@ class Daemon:
             if reference is not None:
                 break
             if attempt == 0 and self.config.network.initial_peers:
-                await asyncio.sleep(2.0)  # records are stored every few seconds; the DHT may not have served one yet
+                await asyncio.sleep(1.0)  # records are stored every few seconds; the DHT may not have served one yet
         else:
             return
         why = difference(reference, self.identity.compatibility or {})
