@@ -3,9 +3,9 @@
 The setting is a list of peer ids or the path of a file of them (one per line, `#` comments). The daemon reads it
 at start and again on SIGHUP, and publishes the effective list (the setting plus this peer's own id) as a file in
 the state dir, written aside and renamed into place. Every process that must refuse outsiders - the daemon, the
-DHT process (record validators) and each averager process (RPC handlers) - is forked from the daemon and holds
-the same `AllowList`; it re-reads that file when its inode or mtime changes, so a reload reaches processes that
-were forked long before it without any pipe between them.
+DHT process (record validators, forked) and each averager process (RPC handlers, which carry it as an attribute)
+- holds a copy of the same `AllowList`; it re-reads that file when its inode or mtime changes, so a reload reaches
+processes that started long before it without any pipe between them.
 
 Refusals are counted in shared memory by where they happened (`WHERE`), so the daemon's status and /metrics see
 the counts of every process; each process logs the first refusal of each peer (per place) once.
@@ -46,9 +46,10 @@ class AllowList:
         self._lock = threading.Lock()
         self._counts = None
 
-    def start(self, peers: Iterable[str]) -> None:
-        """Publish the first list and make the shared counters (before hivemind forks its processes)."""
-        self._counts = mp.Array("q", len(WHERE))
+    def start(self, peers: Iterable[str], context=None) -> None:
+        """Publish the first list and make the shared counters (before hivemind starts its processes, in the
+        multiprocessing context they use: the default one)."""
+        self._counts = (context or mp).Array("q", len(WHERE))
         self.publish(peers)
 
     def publish(self, peers: Iterable[str]) -> None:
@@ -57,6 +58,15 @@ class AllowList:
         aside = self.path.with_name(self.path.name + ".tmp")
         aside.write_text("".join(f"{peer}\n" for peer in lines), encoding="utf-8")
         os.replace(aside, self.path)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_lock"]  # a process started by spawn/forkserver gets a lock of its own
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def peers(self) -> frozenset[str]:

@@ -5,8 +5,8 @@ all-reduce, and downloading its state. hivemind answers anyone; `AdmitsAllowedPe
 DecentralizedAverager in each swarmd averager's MRO and checks the caller's peer id first - the one libp2p
 authenticated for the stream (`P2PContext.remote_id`), not anything the caller says. A refusal answers the way
 hivemind answers a peer it will not serve (a join refused, a part for no group, a download with no state), so the
-caller gives up quickly and tries elsewhere. With no allow list installed (an open swarm) the handlers are
-upstream's, unchanged.
+caller gives up quickly and tries elsewhere. Each averager takes the installed list (swarm/allowlist.py) when it is
+built, before its process starts; with none (an open swarm) the handlers are upstream's, unchanged.
 """
 
 from __future__ import annotations
@@ -22,16 +22,23 @@ from swarmd.swarm.allowlist import installed
 __all__ = ["AdmitsAllowedPeers", "admits"]
 
 
-def admits(context: P2PContext, where: str) -> bool:
-    allow_list = installed()
+def admits(allow_list, context: P2PContext, where: str) -> bool:
     return allow_list is None or allow_list.admit(context.remote_id.to_base58(), where)
 
 
 class AdmitsAllowedPeers(DecentralizedAverager):
+    _allow_list = None
+
+    def __init__(self, *args, **kwargs):
+        # taken before the averager's process starts (inside upstream's __init__) and carried as an attribute, so the
+        # list reaches that process whichever way multiprocessing starts it (fork copies the installed one anyway)
+        self._allow_list = installed()
+        super().__init__(*args, **kwargs)
+
     async def rpc_join_group(
         self, request: averaging_pb2.JoinRequest, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
-        if not admits(context, "join_group"):
+        if not admits(self._allow_list, context, "join_group"):
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
             return
         async for response in super().rpc_join_group(request, context):
@@ -40,7 +47,7 @@ class AdmitsAllowedPeers(DecentralizedAverager):
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        if not admits(context, "aggregate_part"):
+        if not admits(self._allow_list, context, "aggregate_part"):
             yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             return
         async for message in super().rpc_aggregate_part(stream, context):
@@ -49,7 +56,7 @@ class AdmitsAllowedPeers(DecentralizedAverager):
     async def rpc_download_state(
         self, request: averaging_pb2.DownloadRequest, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.DownloadData]:
-        if not admits(context, "download_state"):
+        if not admits(self._allow_list, context, "download_state"):
             return  # hivemind's own refusal (state sharing off): no state, the caller asks the next peer
         async for message in super().rpc_download_state(request, context):
             yield message

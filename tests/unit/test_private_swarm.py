@@ -145,6 +145,24 @@ def test_the_validator_ignores_outsiders_records_on_the_runs_keys_only(tmp_path)
     assert validator.validate(record("run_progress", owner_subkey(outsider_key)))
 
 
+def test_the_list_reaches_spawned_processes_too(tmp_path):
+    import multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    allow_list = AllowList(tmp_path / "allowed_peers.active", RSA_ID)
+    allow_list.start([ED25519_ID], context=context)
+    process = context.Process(target=_admit_outsider_in_a_child, args=(allow_list,))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert allow_list.refusals()["join_group"] == 1
+
+
+def _admit_outsider_in_a_child(allow_list):
+    assert allow_list.allows(ED25519_ID)
+    assert not allow_list.admit("QmOutsider", "join_group")
+
+
 def test_the_list_reaches_forked_processes_through_its_file_and_counts_are_shared(tmp_path):
     import multiprocessing as mp
 
@@ -174,17 +192,14 @@ async def collect(generator):
 
 def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path, caplog):
     allow_list = started_list(tmp_path, [])
-    allowlist.install(allow_list)
-    try:
-        context = types.SimpleNamespace(remote_id=PeerID.from_base58(ED25519_ID))
-        [answer] = asyncio.run(collect(AdmitsAllowedPeers.rpc_join_group(None, averaging_pb2.JoinRequest(), context)))
-        assert answer.code == averaging_pb2.NOT_LOOKING_FOR_GROUP
-        [answer] = asyncio.run(collect(AdmitsAllowedPeers.rpc_aggregate_part(None, None, context)))
-        assert answer.code == averaging_pb2.BAD_GROUP_ID
-        for _ in range(2):
-            assert asyncio.run(collect(AdmitsAllowedPeers.rpc_download_state(None, None, context))) == []
-    finally:
-        allowlist.install(None)
+    averager = types.SimpleNamespace(_allow_list=allow_list)  # what AdmitsAllowedPeers.__init__ takes from install()
+    context = types.SimpleNamespace(remote_id=PeerID.from_base58(ED25519_ID))
+    [answer] = asyncio.run(collect(AdmitsAllowedPeers.rpc_join_group(averager, averaging_pb2.JoinRequest(), context)))
+    assert answer.code == averaging_pb2.NOT_LOOKING_FOR_GROUP
+    [answer] = asyncio.run(collect(AdmitsAllowedPeers.rpc_aggregate_part(averager, None, context)))
+    assert answer.code == averaging_pb2.BAD_GROUP_ID
+    for _ in range(2):
+        assert asyncio.run(collect(AdmitsAllowedPeers.rpc_download_state(averager, None, context))) == []
     assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 2}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place
