@@ -43,13 +43,16 @@ class PrivateSwarm(Extension):
         try:
             own_peer_id = load_or_create_identity(config.state_path / IDENTITY_FILE)
         except (OSError, ValueError, RuntimeError) as e:
-            raise ConfigError(f"network.allowed_peers: this peer's identity cannot be used to sign its records ({e})") from None
+            raise ConfigError(
+                f"network.allowed_peers: this peer's identity cannot be used to sign its records ({e})"
+            ) from None
         self.allow_list = allowlist.AllowList(config.state_path / ACTIVE_LIST_FILE, own_peer_id)
         self.allow_list.start(peers)
         allowlist.install(self.allow_list)
         self._validator = AllowListValidator(config.run_id, self.allow_list)
-        logger.info("A private swarm: %d peer(s) besides this one (%s) may take part%s", len(peers - {own_peer_id}),
-                    own_peer_id, f" (from {self.setting}; SIGHUP reads it again)" if isinstance(self.setting, str) else "")
+        source = f" (from {self.setting}; SIGHUP reads it again)" if isinstance(self.setting, str) else ""
+        logger.info("A private swarm: %d peer(s) besides this one (%s) may take part%s",
+                    len(peers - {own_peer_id}), own_peer_id, source)
 
     def record_validators(self, view: DaemonView) -> list[Any]:
         return [self._validator] if self._validator is not None else []
