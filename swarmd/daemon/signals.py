@@ -72,5 +72,5 @@ class ReloadSignal:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
     def _on_signal(self) -> None:
-        logger.info("Received SIGHUP: reading the allow list again")
+        logger.info("Received SIGHUP: reading network.allowed_peers again")
         self._on_reload()
