@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from swarmd.config.multiaddr import check_multiaddr
 from swarmd.config.names import RUN_ID_PATTERN
+from swarmd.config.peer_list import read_allowed_peers
 from swarmd.config.paths import default_state_dir
 
 __all__ = [
@@ -68,11 +69,24 @@ class NetworkConfig(StrictModel):
     use_auto_relay: bool = Field(False, description="Look for relays to become reachable when behind NAT.")
     bootstrap_attempts: int = Field(3, ge=1, le=100, description="Tries to reach the initial peers before giving up.")
     bootstrap_retry_delay: float = Field(2.0, ge=0, description="Seconds between bootstrap tries (doubles each try).")
+    allowed_peers: Optional[list[str] | str] = Field(
+        None,
+        description="A private swarm: the peer ids that may take part (a list, or the path of a file with one per "
+        "line and # comments; the file is read again on SIGHUP). Others are refused: their DHT records ignored, "
+        "their matchmaking, all-reduce and state-download requests answered with a refusal. None: an open swarm.",
+    )
 
     @field_validator("initial_peers")
     @classmethod
     def _check_initial_peers(cls, value: list[str]) -> list[str]:
         return [check_multiaddr(addr, require_peer_id=True) for addr in value]
+
+    @field_validator("allowed_peers")
+    @classmethod
+    def _check_allowed_peers(cls, value):
+        if value is not None:
+            read_allowed_peers(value)  # a bad id or an unreadable file fails here, with the key named
+        return value
 
     @field_validator("host_maddrs")
     @classmethod

@@ -24,6 +24,12 @@ def build_extensions(config) -> list[Extension]:
         from swarmd.metrics.extension import MetricsExtension
 
         extensions.append(MetricsExtension(config.metrics.listen))
+    from swarmd.swarm.private import private_swarm
+
+    # before the announcer: its signature validator must use the identity key the private swarm installs
+    private = private_swarm(config.network)
+    if private is not None:
+        extensions.append(private)
     from swarmd.swarm.announcer import PeerAnnouncer
 
     extensions.append(PeerAnnouncer(config.run_id))

@@ -1,7 +1,7 @@
 """The seam between the daemon and what observes it (metrics, systemd, peer records, the progress log, ...).
 
 A leaf module: it imports nothing of swarmd, so an extension depends on this interface, never on the Daemon.
-Hooks get a narrow `DaemonView` (the config, the latest snapshot, the worker's heartbeat, the DHT once joined)
+Hooks (start, record_validators, ready, tick, on_event, snapshot_fields, reload, stopping, close) get a narrow `DaemonView` (the config, the latest snapshot, the worker's heartbeat, the DHT once joined)
 and events through one channel (`on_event`), all on the event loop's thread. Which extensions run is decided at
 the composition root (swarmd/daemon/assembly.py), not here; the lifecycle calls their hooks in order and never
 lets one failure stop training.
@@ -71,6 +71,9 @@ class Extension:
     def snapshot_fields(self) -> dict[str, Any]:
         """Fields this extension owns in the snapshot (names of status/snapshot.py Snapshot fields)."""
         return {}
+
+    def reload(self, view: DaemonView) -> None:
+        """The operator asked to read changed settings again (SIGHUP)."""
 
     def stopping(self, view: DaemonView) -> None:
         """The graceful stop has begun."""

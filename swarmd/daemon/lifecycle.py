@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from swarmd.daemon.extension import AveragingRoundFinished, Extension, StepsFinished
-from swarmd.daemon.signals import StopSignals
+from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView
-from swarmd.errors import ExitCode, SwarmdError
+from swarmd.errors import ConfigError, ExitCode, SwarmdError
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
 
 __all__ = ["Daemon"]
@@ -61,6 +61,7 @@ class Daemon:
         self._snapshot: Snapshot = build_snapshot(self.identity, self.state)
         self._lock = StateDirLock(config.state_path)
         self._signals: Optional[StopSignals] = None
+        self._reload_signal = ReloadSignal(self._reload)
         self._exit_code = ExitCode.OK
 
     # --- run -----------------------------------------------------------------------------------------------
@@ -68,6 +69,7 @@ class Daemon:
     async def run(self) -> int:
         self._signals = StopSignals(lambda: self.status_server.path if self.status_server is not None else None)
         self._signals.install()
+        self._reload_signal.install()
         try:
             try:
                 await self._startup()
@@ -87,6 +89,7 @@ class Daemon:
         finally:
             await self._shutdown()
             self._signals.restore()
+            self._reload_signal.restore()
 
     # --- startup: each phase returns what the next one needs ----------------------------------------------
 
@@ -94,6 +97,7 @@ class Daemon:
         await self._open_state_dir()
         task, model, device, checkpoint = await self._build_model()
         self.dht = await self._join_swarm()
+        await self._check_compatibility()
         self.runtime = self._build_optimizer(task, model, checkpoint)
         self.runtime.ranks = await self._start_ranks(task, model, device)
         self.runtime.worker = self._start_worker(device)
@@ -111,6 +115,8 @@ class Daemon:
         for extension in self.extensions:
             try:
                 await extension.start(self.view)
+            except SwarmdError:
+                raise  # the operator's setting cannot work (e.g. a private swarm's list): never run without it
             except Exception:  # noqa: BLE001 - an observer must not stop the daemon
                 logger.exception("%s failed to start; going on without it", type(extension).__name__)
         self._refresh_snapshot()
@@ -133,6 +139,9 @@ class Daemon:
         torch.manual_seed(init_seed)
         model = await asyncio.to_thread(task.build_model)
         n_params = sum(p.numel() for p in model.parameters())
+        from swarmd.swarm.compatibility import compatibility_of
+
+        self.identity = dataclasses.replace(self.identity, compatibility=compatibility_of(self.config, model))
         logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, task.context.precision)
         checkpoint = None
         if self.config.checkpoint.enabled:
@@ -181,6 +190,34 @@ class Daemon:
         logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path))
         self._check_stop()
         return dht
+
+    async def _check_compatibility(self) -> None:
+        """Before averaging anything: a peer whose model or must-agree settings differ from the swarm's stops here
+        with one line naming the difference (a config error, exit 2). Peers without a record (plain hivemind, or
+        none yet) do not count."""
+        from swarmd.swarm.compatibility import difference, swarm_reference
+        from swarmd.swarm.peer_records import PeerRecords
+
+        records = PeerRecords(self.config.run_id)
+        for attempt in range(2 if self.config.network.initial_peers else 1):
+            try:
+                found = await asyncio.wait_for(records.fetch(self.dht), 10.0)
+            except Exception as e:  # noqa: BLE001 - the DHT is up; an unanswered read is no reason to stop
+                logger.warning("Could not read the swarm's peer records to compare configs (%r); going on", e)
+                return
+            others = [peer for peer in records.parse(found)[0] if peer["peer_id"] != self.identity.peer_id]
+            reference = swarm_reference(others)
+            if reference is not None:
+                break
+            if attempt == 0 and self.config.network.initial_peers:
+                await asyncio.sleep(1.0)  # records are stored every few seconds; the DHT may not have served one yet
+        else:
+            return
+        why = difference(reference, self.identity.compatibility or {})
+        if why:
+            raise ConfigError(why)
+        logger.info("This peer's model and settings match the swarm's (%d peer record(s))", len(others))
+        self._check_stop()
 
     def _build_optimizer(self, task, model, checkpoint) -> Runtime:
         """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
@@ -301,6 +338,12 @@ class Daemon:
                 logger.exception("%s failed to add to the status", type(extension).__name__)
         self._snapshot = snapshot
         return snapshot
+
+    def _reload(self) -> None:
+        """SIGHUP: each extension reads its changing settings again."""
+        for extension in self.extensions:
+            _guarded(extension.reload, self.view)
+        self._refresh_snapshot()
 
     @property
     def snapshot(self) -> Snapshot:

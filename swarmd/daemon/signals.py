@@ -1,4 +1,5 @@
-"""SIGTERM/SIGINT for the daemon: the first asks for a graceful stop, a second forces the exit.
+"""SIGTERM/SIGINT for the daemon: the first asks for a graceful stop, a second forces the exit. SIGHUP: read the
+settings that can change while running again (`ReloadSignal`; without a handler SIGHUP would kill the daemon).
 
 The handlers only set a flag on the event loop (uvicorn's pattern); the forced exit kills every child process
 first, so no p2pd or averager outlives us.
@@ -16,7 +17,7 @@ from typing import Callable, Optional
 
 from swarmd.errors import ExitCode
 
-__all__ = ["StopSignals"]
+__all__ = ["StopSignals", "ReloadSignal"]
 
 logger = logging.getLogger("swarmd.daemon")
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -55,3 +56,21 @@ class StopSignals:
             with contextlib.suppress(OSError):
                 path.unlink()
         os._exit(int(ExitCode.FAILURE))
+
+
+class ReloadSignal:
+    """SIGHUP calls `on_reload` on the event loop (never inside the signal handler itself)."""
+
+    def __init__(self, on_reload: Callable[[], None]):
+        self._on_reload = on_reload
+
+    def install(self) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_signal)
+
+    def restore(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+    def _on_signal(self) -> None:
+        logger.info("Received SIGHUP: reading network.allowed_peers again")
+        self._on_reload()

@@ -47,6 +47,10 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_loss_scale", "The fp16 loss scale (fp16 peers only).", lambda s: s.loss_scale),
     ("swarmd_grad_norm", "L2 norm of the gradient the last global step used (the swarm's average, or local).",
      lambda s: s.grad_norm),
+    ("swarmd_allowed_peers", "Peers on network.allowed_peers besides this one (absent: an open swarm).",
+     lambda s: s.allowed_peers),
+    ("swarmd_incompatible_peers", "Peers whose records disagree with this peer's model or must-agree settings "
+     "(left out of its peers).", lambda s: len(s.incompatible_peers)),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )
@@ -134,6 +138,7 @@ class DaemonCollector(Collector):
         yield from _averaging(s)
         yield from _ranks(s)
         yield from _readings(s)
+        yield from _refusals(s)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:
@@ -163,6 +168,19 @@ def _averaging(s: Snapshot) -> Iterable:
     for kind, last in sorted(s.last_averaging_by_kind.items()):
         group.add_metric([kind], float(last.group_size))
     yield group
+
+
+def _refusals(s: Snapshot) -> Iterable:
+    """A private swarm's refusals of peers outside its list, by where they tried to act (only when private)."""
+    if s.allowed_peers is None:
+        return
+    family = CounterMetricFamily(
+        "swarmd_refused", "Records and requests of peers outside network.allowed_peers that this peer refused, by "
+        "where: dht_records, join_group, aggregate_part, download_state.", labels=["where"],
+    )
+    for where, count in sorted(s.refusals.items()):
+        family.add_metric([where], float(count))
+    yield family
 
 
 def _ranks(s: Snapshot) -> Iterable:

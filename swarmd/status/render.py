@@ -98,6 +98,9 @@ def _header(s: dict[str, Any]):
         grid.add_row("rank down", str(s["ranks_dead"]))
     if s.get("learning_rates"):
         grid.add_row("lr", ", ".join(f"{lr:.3g}" for lr in s["learning_rates"]))
+    if s.get("allowed_peers") is not None:
+        refused = sum((s.get("refusals") or {}).values())
+        grid.add_row("private", f"{s['allowed_peers']} other peer(s) allowed (network.allowed_peers)  ·  {refused} refused")
     if s.get("metrics_address"):
         grid.add_row("metrics", f"http://{s['metrics_address']}/metrics")
     if s.get("last_error"):
@@ -158,9 +161,11 @@ def _peers(s: dict[str, Any]):
 
     peers = s.get("peers") or []
     title = Text.assemble((f"peers ({len(peers)})", "bold"), "  from their signed records in the DHT; * this peer")
+    ignored = [Text(f"  ignored {p.get('public_name')} ({_short_id(p.get('peer_id'))}): {p.get('difference')}", style="yellow")
+               for p in s.get("incompatible_peers") or []]
     if not peers:
-        return Group(title, Text("  no records yet (peers publish theirs every few seconds)"))
-    return Group(title, _PeersTable(peers))
+        return Group(title, Text("  no records yet (peers publish theirs every few seconds)"), *ignored)
+    return Group(title, _PeersTable(peers), *ignored)
 
 
 # (header, justify, cell, essential): the essential columns are all that is drawn in a narrow terminal

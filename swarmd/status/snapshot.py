@@ -56,6 +56,7 @@ class Identity:
     peer_id: Optional[str] = None
     visible_maddrs: tuple = ()
     device: Optional[str] = None
+    compatibility: Optional[Mapping[str, Any]] = None  # swarm/compatibility.py fields, once the model is built
 
     @classmethod
     def from_config(cls, config, started_at: float) -> "Identity":
@@ -192,6 +193,11 @@ class Snapshot:
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0
     reachable: str = "unknown"  # one of REACHABILITY_STATES
+    compatibility: Optional[dict] = None  # what peers must agree on (swarm/compatibility.py), once the model is built
+    incompatible_peers: tuple = ()  # ({peer_id, public_name, difference}, ...): records left out of `peers`
+    # a private swarm (network.allowed_peers; swarm/private.py): None in an open swarm
+    allowed_peers: Optional[int] = None  # peer ids on the list besides this peer
+    refusals: dict = field(default_factory=dict)  # {where (swarm/allowlist.py WHERE): requests and records refused}
     watchdog: Optional[WatchdogInfo] = None
     network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
     tracking: Optional[TrackingInfo] = None
@@ -250,6 +256,7 @@ def build_snapshot(
         peer_id=identity.peer_id,
         device=identity.device,
         visible_maddrs=tuple(identity.visible_maddrs),
+        compatibility=dict(identity.compatibility) if identity.compatibility else None,
         state=state,
         phase=worker.phase if worker is not None else state,
         uptime_seconds=round(time.time() - identity.started_at, 3),

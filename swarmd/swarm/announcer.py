@@ -30,6 +30,8 @@ class PeerAnnouncer(Extension):
         self.dht_timeout = dht_timeout
         self.records = None  # swarm.peer_records.PeerRecords, built with the DHT's validators
         self.peers: list[dict[str, Any]] = []
+        self.incompatible: list[dict[str, Any]] = []  # records left out: they disagree with this peer (compatibility)
+        self._warned_incompatible: set[str] = set()
         self.rejected_total = 0
         self.published_total = 0
         self.fetched_at: Optional[float] = None  # time.time() of the last successful fetch
@@ -54,7 +56,8 @@ class PeerAnnouncer(Extension):
     def snapshot_fields(self) -> dict[str, Any]:
         age = time.time() - self.fetched_at if self.fetched_at is not None else 0.0
         peers = tuple({**peer, "last_seen_seconds": round(peer["last_seen_seconds"] + age, 3)} for peer in self.peers)
-        return {"peers": peers, "peer_records_rejected_total": self.rejected_total}
+        return {"peers": peers, "peer_records_rejected_total": self.rejected_total,
+                "incompatible_peers": tuple(self.incompatible)}
 
     def stopping(self, view: DaemonView) -> None:
         self._cancel()
@@ -86,7 +89,8 @@ class PeerAnnouncer(Extension):
     async def _announce_once(self, view: DaemonView) -> None:
         from swarmd.swarm.peer_records import record_from_snapshot
 
-        record = record_from_snapshot(view.snapshot())
+        snapshot = view.snapshot()
+        record = record_from_snapshot(snapshot)
         stored = await asyncio.wait_for(self.records.publish(view.dht, record), self.dht_timeout)
         self.published_total += 1
         if not stored:
@@ -95,8 +99,29 @@ class PeerAnnouncer(Extension):
         peers, rejected = self.records.parse(found)
         if rejected:
             logger.debug("ignored %d malformed peer record(s)", rejected)
-        self.peers, self.fetched_at = peers, time.time()
+        self.peers, self.incompatible = self._leave_out_incompatible(peers, snapshot.compatibility)
+        self.fetched_at = time.time()
         self.rejected_total += rejected
+
+    def _leave_out_incompatible(self, peers, ours) -> tuple[list, list]:
+        """Peers whose record disagrees with this peer's compatibility (a different model, target batch, strategy)
+        are not part of this peer's swarm: their records are not counted; each is logged once."""
+        from swarmd.swarm.compatibility import compatibility_of_record, difference
+
+        if not ours:
+            return peers, []
+        kept, left_out = [], []
+        for peer in peers:
+            why = "" if peer["self"] else difference(compatibility_of_record(peer), ours)
+            why = why.replace("the swarm", "that peer", 1)  # "that peer trains ...", "that peer's target_batch_size ..."
+            if not why:
+                kept.append(peer)
+                continue
+            left_out.append({"peer_id": peer["peer_id"], "public_name": peer["public_name"], "difference": why})
+            if peer["peer_id"] not in self._warned_incompatible:
+                self._warned_incompatible.add(peer["peer_id"])
+                logger.warning("Ignoring peer %s (%s): %s", peer["peer_id"], peer["public_name"], why)
+        return kept, left_out
 
     def _cancel(self) -> None:
         if self._task is not None:

@@ -89,7 +89,17 @@ def stop_dht(dht, timeout: float = 10.0) -> None:
 def _launch(**kwargs):
     import hivemind
 
+    identity = kwargs.get("identity_path")
+    if identity is not None and _created_here(identity):
+        # as hivemind does for an identity it generates itself: nobody else can be using it, skip the slow check
+        kwargs["check_if_identity_free"] = False
     return hivemind.DHT(start=True, await_ready=False, **kwargs)
+
+
+def _created_here(identity: str) -> bool:
+    from swarmd.swarm.identity import created_here
+
+    return created_here(Path(identity))
 
 
 def _check_multiaddrs(field: str, addresses) -> None:

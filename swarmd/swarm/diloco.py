@@ -38,9 +38,10 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainin
 from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
 from hivemind.utils import get_dht_time
 
+from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
-from swarmd.swarm.optimizer import SwarmOptimizer, _ObservedStateAverager, implausible_average
+from swarmd.swarm.optimizer import SwarmOptimizer, _ObservedStateAverager, _UpstreamRpcNames, implausible_average
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
@@ -60,6 +61,12 @@ class _KeepsDownloadedMetadata(DecentralizedAverager):
         loaded = super().load_state_from_peers(*args, **kwargs)
         self._downloaded = loaded
         return loaded
+
+
+class _OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
+    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py)."""
+
+    _upstream = DecentralizedAverager
 
 
 class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
@@ -268,7 +275,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         averager.inner_optimizer = self.inner_optimizer
         averager._update_scheduler()
 
-        self.outer_averager = DecentralizedAverager(
+        self.outer_averager = _OuterAverager(
             averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()],
             dht=self.dht,
             prefix=f"{self.run_id}_diloco_outer",

@@ -20,12 +20,13 @@ import logging
 import time
 from typing import Callable, Optional
 
-from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import StepControl
 from hivemind.optim import Optimizer
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
+from swarmd.swarm.allowlist import installed as installed_allow_list
+from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.progress import ThrottledProgressTracker
@@ -39,8 +40,9 @@ class StateLoadFailed(RuntimeError):
     """Downloading the swarm's state failed `load_state_attempts` times in a row."""
 
 
-class _RecordsRounds(DecentralizedAverager):
-    """Sits between TrainingStateAverager and DecentralizedAverager in the MRO, where every round starts."""
+class _RecordsRounds(AdmitsAllowedPeers):
+    """Sits between TrainingStateAverager and DecentralizedAverager in the MRO, where every round starts (above the
+    gate that refuses callers outside a private swarm's list, swarm/averager_gate.py)."""
 
     _averaging_log: AveragingLog
     _epoch_of_round: Callable[[], int]
@@ -117,10 +119,14 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
                 self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
 
 
-class _GradientAveragerKeepingOwn(_UpstreamRpcNames, GradientAverager):
-    """Remembers this peer's own contribution to the round, so the average can be judged against it."""
+class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllowedPeers):
+    """hivemind's gradient averager behind the private swarm's gate (swarm/averager_gate.py)."""
 
     _upstream = GradientAverager
+
+
+class _GradientAveragerKeepingOwn(_AdmittingGradientAverager):
+    """Remembers this peer's own contribution to the round, so the average can be judged against it."""
 
     own_gradients: Optional[list] = None
 
@@ -173,6 +179,8 @@ class SwarmOptimizer(Optimizer):
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
         if guard_gradient_norm_ratio > 0 and not kwargs.get("use_local_updates"):
             kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
+        elif installed_allow_list() is not None and not kwargs.get("use_local_updates"):
+            kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # a private swarm: gated
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
         super().__init__(**kwargs)

@@ -1,6 +1,6 @@
 """Signed per-peer records in the DHT: who is in the swarm and what each peer is doing.
 
-Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v1"`, subkey =
+Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v2"`, subkey =
 its owner marker `[owner:<RSA public key>]`. Two hivemind validators guard the key on every node that stores or
 reads it:
 - `RSASignatureValidator`: a record whose subkey names a public key must be signed with the matching private key,
@@ -45,7 +45,7 @@ __all__ = [
     "common_target_batch_size",
 ]
 
-RECORD_FIELD = "swarmd_peers_v1"
+RECORD_FIELD = "swarmd_peers_v2"  # v2: the compatibility fields
 _PEER_ID = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
 
 
@@ -68,6 +68,12 @@ class PeerRecord(BaseModel):
     client_mode: StrictBool
     auxiliary: StrictBool
     target_batch_size: conint(strict=True, ge=1)
+    # what peers must agree on (swarm/compatibility.py); 0 and "" while this peer's model is not built yet
+    protocol: conint(strict=True, ge=0)
+    parameters: conint(strict=True, ge=0)
+    model_fingerprint: constr(strict=True, max_length=64)
+    strategy: constr(strict=True, max_length=16)
+    inner_steps: conint(strict=True, ge=0)
     time: confloat(strict=True, allow_inf_nan=False)  # DHT time of publication
 
     class Config:
@@ -75,7 +81,7 @@ class PeerRecord(BaseModel):
 
 
 class PeerRecordsSchema(BaseModel):
-    swarmd_peers_v1: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
+    swarmd_peers_v2: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
 
 
 class PeerRecords:
@@ -117,6 +123,7 @@ def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any
     exact types the schema wants. `averaging_failed` counts every round whose average was not used although one
     was due (swarm/outcomes.py FAILED_OUTCOMES: failed, rejected, ...); skipped rounds (alone) count in neither."""
     s = snapshot
+    compatibility = s.compatibility or {}
     record = {
         "peer_id": str(s.peer_id),
         "public_name": _clip(s.public_name or socket.gethostname() or "peer", 64),
@@ -134,6 +141,11 @@ def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any
         "client_mode": bool(s.client_mode),
         "auxiliary": bool(s.auxiliary),
         "target_batch_size": max(1, int(s.target_batch_size or 1)),
+        "protocol": int(compatibility.get("protocol", 0)),
+        "parameters": int(compatibility.get("parameters", 0)),
+        "model_fingerprint": str(compatibility.get("model_fingerprint", "")),
+        "strategy": str(compatibility.get("strategy", "")),
+        "inner_steps": int(compatibility.get("inner_steps", 0)),
         "time": float(get_dht_time() if now is None else now),
     }
     PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT
