@@ -33,7 +33,7 @@ logger = logging.getLogger("swarmd.private")
 
 # Where a peer can be refused: its DHT records, asking to join a matchmaking group, sending all-reduce parts,
 # downloading the state. The order is the order of the shared counters.
-WHERE = ("dht_records", "join_group", "aggregate_part", "download_state")
+WHERE = ("dht_records", "join_group", "aggregate_part", "download_state", "reachability")
 class AllowList:
     """The effective list, shared by the daemon and the hivemind processes forked from it (see the module doc)."""
 

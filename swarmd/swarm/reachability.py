@@ -145,8 +145,13 @@ class ReachabilityCheck(Extension):
     # --- serving others ------------------------------------------------------------------------------------
 
     async def rpc_check(self, request: _JsonMessage, context) -> _JsonMessage:
+        from swarmd.swarm.allowlist import installed
+
         caller = context.remote_id
         maddrs = request.fields.get("maddrs")
+        allow_list = installed()  # a private swarm dials nothing for an outsider
+        if allow_list is not None and not allow_list.admit(caller.to_base58(), "reachability"):
+            return _JsonMessage(reachable={})
         if not isinstance(maddrs, list) or caller in self._busy_callers:
             return _JsonMessage(reachable={})
         self._busy_callers.add(caller)

@@ -200,7 +200,7 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     assert answer.code == averaging_pb2.BAD_GROUP_ID
     for _ in range(2):
         assert asyncio.run(collect(AdmitsAllowedPeers.rpc_download_state(averager, None, context))) == []
-    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 2}
+    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 2, "reachability": 0}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place
 
