@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -118,9 +117,8 @@ class Daemon:
     async def _build_model(self):
         """The task, its model on the device, and the checkpoint it resumed from (or None)."""
         # Heavy imports happen here, after the socket answers "starting".
-        import torch
-
         from swarmd.logs import route_hivemind_logs
+        from swarmd.seeds import seed_everything
         from swarmd.swarm.children import tie_children_to_this_process
 
         route_hivemind_logs(self.config.logging.hivemind_level)
@@ -130,7 +128,7 @@ class Daemon:
         logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
         await asyncio.to_thread(task.prepare)
         self._check_stop()
-        torch.manual_seed(init_seed)
+        seed_everything(init_seed)  # the same on every peer of the run (swarmd/seeds.py): one model per swarm
         model = await asyncio.to_thread(task.build_model)
         n_params = sum(p.numel() for p in model.parameters())
         logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, task.context.precision)
@@ -149,6 +147,7 @@ class Daemon:
 
     def _make_task(self):
         from swarmd.ranks.devices import resolve_devices
+        from swarmd.seeds import init_seed
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
 
@@ -156,12 +155,12 @@ class Daemon:
         self._devices = resolve_devices(training)  # one per rank; rank 0 (this process) trains on the first
         device = self._devices[0]
         self.identity = dataclasses.replace(self.identity, device=str(device))
-        init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = init_seed(training.seed, self.config.run_id)
         context = TaskContext(
             state_dir=self.config.state_path, device=device, precision=training.precision,
-            batch_size=training.batch_size, seed=init_seed, rank=0, ranks=len(self._devices),
+            batch_size=training.batch_size, seed=seed, rank=0, ranks=len(self._devices),
         )
-        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, init_seed
+        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, seed
 
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_command, start_dht
@@ -206,7 +205,7 @@ class Daemon:
     async def _start_ranks(self, task, model, device):
         """Ranks 1..N-1 on the other devices (ranks/), connected before the first step; None for one rank."""
         from swarmd.ranks.local import start_local_ranks
-        from swarmd.worker.trainer import peer_data_seed
+        from swarmd.seeds import peer_data_seed
 
         ranks = await start_local_ranks(
             self.config, devices=self._devices, model=model, init_seed=task.context.seed,
@@ -219,7 +218,8 @@ class Daemon:
 
     def _start_worker(self, device):
         from swarmd.worker.threads import reserve_threads_for_worker
-        from swarmd.worker.trainer import TrainingWorker, WorkerSettings, peer_data_seed
+        from swarmd.seeds import peer_data_seed
+        from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
         runtime = self.runtime
         save = None

@@ -77,3 +77,7 @@ def load_optimizer_state(optimizer, checkpoint) -> None:
     # hivemind would only bring the schedule to local_epoch at its next global step
     optimizer.state_averager._update_scheduler()
     optimizer.tracker.report_local_progress(optimizer.local_epoch, samples_accumulated=0)
+    # hivemind offers a peer's state at its epoch only from its next global step: offer the resumed epoch now, so
+    # a fresh peer starting next to this one takes this state rather than the other way round (initial_state.py)
+    if not optimizer.client_mode and not optimizer.auxiliary:
+        optimizer.state_averager.state_sharing_priority = optimizer.local_epoch

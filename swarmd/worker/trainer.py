@@ -13,7 +13,6 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -24,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from swarmd.ranks.step_sync import RankFailure
+from swarmd.seeds import peer_data_seed  # re-exported: its callers knew it here
 from swarmd.swarm.optimizer import StateLoadFailed
 from swarmd.worker.batches import move_to_device
 from swarmd.worker.precision import make_precision
@@ -50,13 +50,6 @@ def resolve_device(name: str) -> torch.device:
 
         raise ConfigError(f"training.device: {name} was asked for but CUDA is not available here; use cpu or auto")
     return device
-
-
-def peer_data_seed(seed: Optional[int], peer_id: str) -> int:
-    """Each peer shuffles its data its own way (derived from its persistent peer id), reproducibly given `seed`."""
-    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
 
 
 @dataclass(frozen=True)
@@ -175,17 +168,20 @@ class TrainingWorker:
             self.stats.record_fatal(e)
 
     def _catch_up_with_swarm(self) -> None:
-        """Before training: see the swarm's progress and, if it is ahead, download its state (bounded)."""
+        """Before training: see the swarm's progress and take the swarm's state (bounded) when it is ahead, or, for
+        a trainer, when another trainer offers a state it should start from (swarm/initial_state.py)."""
         self.stats.set_phase("joining")
         tracker = self.optimizer.tracker
         self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
         tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
         if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
-            logger.info(
-                "The swarm is at epoch %d, this peer at %d: downloading the swarm's state",
-                tracker.global_epoch,
-                self.optimizer.local_epoch,
-            )
+            reason = f"the swarm is at epoch {tracker.global_epoch}, this peer at {self.optimizer.local_epoch}"
+        elif not self.auxiliary and self._another_trainer_offers_its_state():
+            reason = "another trainer is at the same epoch or ahead: starting from its parameters (one model per swarm)"
+        else:
+            reason = None
+        if reason is not None:
+            logger.info("Downloading the swarm's state: %s", reason)
             try:
                 self.stats.begin("downloading the swarm's state", self.settings.download_budget)
                 self.optimizer.load_state_from_peers()
@@ -193,6 +189,13 @@ class TrainingWorker:
             except StateLoadFailed as e:
                 logger.warning("%s; training on from the local state, hivemind will retry", e)
         self._take_backup()
+
+    def _another_trainer_offers_its_state(self) -> bool:
+        from swarmd.swarm.initial_state import offered_states, should_take_swarm_state
+
+        self.stats.begin("looking for the swarm's state", _SYNC_WAIT_SECONDS)
+        offers = offered_states(self.optimizer, timeout=_SYNC_WAIT_SECONDS)
+        return should_take_swarm_state(self.optimizer.local_epoch, self.optimizer.dht.peer_id.to_base58(), offers)
 
     def _assist(self) -> None:
         """Auxiliary peers only help average; hivemind wants step() called regularly."""
