@@ -95,7 +95,7 @@ class Daemon:
         self.dht = await self._join_swarm()
         self.runtime = self._build_optimizer(task, model, checkpoint)
         self.runtime.ranks = await self._start_ranks(task, model, device)
-        self.runtime.worker = self._start_worker(device)
+        self.runtime.worker = self._start_worker(device, checkpoint)
         self._set_state("training")
         for extension in self.extensions:
             _guarded(extension.ready, self.view)
@@ -192,7 +192,7 @@ class Daemon:
         self.runtime = Runtime(task, model, optimizer, WorkerStats(), averaging_log)  # the shutdown stops it
         self._signals.install()
         if checkpoint is not None:
-            self.checkpointer.load_into_optimizer(optimizer, checkpoint)
+            self.checkpointer.load_into_optimizer(optimizer, checkpoint, model)
         swarm = self.config.swarm
         logger.info(
             "Joined run %r as %s: target batch %d, %d per step, local epoch %d",
@@ -216,7 +216,7 @@ class Daemon:
         self._check_stop()
         return ranks
 
-    def _start_worker(self, device):
+    def _start_worker(self, device, checkpoint):
         from swarmd.worker.threads import reserve_threads_for_worker
         from swarmd.seeds import peer_data_seed
         from swarmd.worker.trainer import TrainingWorker, WorkerSettings
@@ -225,7 +225,8 @@ class Daemon:
         save = None
         if self.checkpointer is not None:
             save = lambda: self.checkpointer.save(  # noqa: E731
-                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report())
+                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report()),
+                resume=runtime.worker.resume_point(),
             )
         worker = TrainingWorker(
             task=runtime.task,
@@ -239,6 +240,7 @@ class Daemon:
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
             threads=reserve_threads_for_worker(self.config.training.threads),
             save_checkpoint=save,
+            resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
         )
         worker.start()
         return worker

@@ -107,6 +107,15 @@ class Task(ABC):
     def train_batches(self, seed: int) -> Iterator[Any]:
         """An endless iterator of training batches; `seed` makes the order this peer's own."""
 
+    def resume_batches(self, seed: int, consumed: int) -> Iterator[Any]:
+        """`train_batches(seed)` without its first `consumed` batches: where a peer resumed from a checkpoint
+        continues its data. Default: draws and drops them, exact for any task whose batches depend only on `seed`
+        but as slow as reading them; a task whose batches are expensive overrides it to skip without loading
+        (`endless_batches(skip=...)` does)."""
+        import itertools
+
+        return itertools.islice(self.train_batches(seed), consumed, None)
+
     def set_epoch(self, epoch: int) -> None:
         """The global epoch this peer is now in (like DistributedSampler.set_epoch); called before the first batch
         and after every epoch change. Data that must follow the swarm's epochs (e.g. exact data-parallel shards)

@@ -101,6 +101,7 @@ class TrainingWorker:
         save_checkpoint: Optional[Callable[[], None]] = None,
         threads: int = 0,
         ranks=None,
+        resume=None,
     ):
         self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
@@ -119,6 +120,10 @@ class TrainingWorker:
                 settings.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
             )
         )
+        self.resume = resume  # worker/resume.py ResumePoint of the checkpoint the daemon resumed from, or None
+        if resume is not None and self.precision is not None:
+            self.precision.load_state_dict(resume.loss_scaler)
+        self._stream_seed, self._batches_taken = data_seed, 0  # the data position (see resume_point)
         self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
         self.reached_max_epochs = False
         self._stop = threading.Event()
@@ -211,7 +216,7 @@ class TrainingWorker:
         self.model.train()
         self.task.set_epoch(self.optimizer.local_epoch)
         self._read_epoch_state()
-        batches = iter(self.task.train_batches(self.data_seed))
+        batches = self._resumed_batches()
         consecutive_failures = failures_since_start = 0
         while not self._stop.is_set():
             try:
@@ -244,10 +249,48 @@ class TrainingWorker:
                 self.stats.begin("backing off after a failed step", delay)
                 self._stop.wait(delay)
                 self._restore_backup()
-                batches = iter(self.task.train_batches(self.data_seed + failures_since_start))
+                batches = self._batches(self.data_seed + failures_since_start)
                 self.stats.set_phase("training")
             if self.reached_max_epochs:
                 break
+
+    # --- the data position and the random generators: what a checkpoint needs to continue exactly ------------
+
+    def _batches(self, seed: int, skip: int = 0):
+        """The task's batches of stream `seed` from batch `skip` on, counted as they are taken."""
+        self._stream_seed, self._batches_taken = seed, skip  # now, not at the first batch: a save may come first
+        source = self.task.resume_batches(seed, skip) if skip else self.task.train_batches(seed)
+
+        def counted():
+            for batch in source:
+                self._batches_taken += 1
+                yield batch
+
+        return counted()
+
+    def _resumed_batches(self):
+        """Before the first batch: the random generators and data position of the checkpoint resumed from."""
+        from swarmd.worker.resume import restore_rng_states
+
+        resume, self.resume = self.resume, None
+        if resume is None:
+            return self._batches(self.data_seed)
+        restore_rng_states(resume.rng)
+        position = resume.data
+        if position is None or position.peer_seed != self.data_seed:
+            return self._batches(self.data_seed)  # another peer's checkpoint: its data position is not ours
+        logger.info("Continuing the data where the checkpoint stopped: batch %d of stream %d", position.batches, position.seed)
+        return self._batches(position.seed, position.batches)
+
+    def resume_point(self):
+        """Where training stands besides the weights; call between steps (the worker thread, or after it stopped)."""
+        from swarmd.worker.resume import DataPosition, ResumePoint, capture_rng_states
+
+        return ResumePoint(
+            rng=capture_rng_states(),
+            loss_scaler=self.precision.state_dict() if self.precision is not None else None,
+            data=None if self.auxiliary else DataPosition(self.data_seed, self._stream_seed, self._batches_taken),
+        )
 
     def _step(self, batch: Any) -> None:
         started = time.perf_counter()

@@ -156,6 +156,11 @@ class AlbertTask(Task):
 
         return data.train_batches(self, seed)
 
+    def resume_batches(self, seed: int, consumed: int):
+        from swarmd.tasks.albert import data
+
+        return data.train_batches(self, seed, skip=consumed)
+
     def training_step(self, model, batch) -> StepOutput:
         from swarmd.tasks.albert import data
 

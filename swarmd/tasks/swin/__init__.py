@@ -158,6 +158,11 @@ class SwinTask(Task):
 
         return data.train_batches(self, seed)
 
+    def resume_batches(self, seed: int, consumed: int):
+        from swarmd.tasks.swin import data
+
+        return data.train_batches(self, seed, skip=consumed)
+
     def training_step(self, model, batch) -> StepOutput:
         from swarmd.tasks.swin import data
 
