@@ -125,8 +125,12 @@ class Daemon:
         tie_children_to_this_process()
         self._check_stop()
         task, device, init_seed = self._make_task()
-        logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
-        await asyncio.to_thread(task.prepare)
+        if self.config.swarm.auxiliary:  # it averages, never reads data: it must start without the dataset
+            logger.info("Preparing task %s for an auxiliary peer (no data)", self.config.task.name)
+            await asyncio.to_thread(task.prepare_auxiliary)
+        else:
+            logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
+            await asyncio.to_thread(task.prepare)
         self._check_stop()
         seed_everything(init_seed)  # the same on every peer of the run (swarmd/seeds.py): one model per swarm
         model = await asyncio.to_thread(task.build_model)

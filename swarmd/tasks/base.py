@@ -83,6 +83,12 @@ class Task(ABC):
         Called once before anything is built, so a missing dataset is a config error, not a crash in a worker.
         """
 
+    def prepare_auxiliary(self) -> None:
+        """What an auxiliary peer runs instead of `prepare()`: it only helps average, never reads data, so it must
+        start without the dataset. Set here whatever `build_model()` needs (e.g. a class count or vocabulary size
+        the data would have told) from the settings, or raise ConfigError naming the setting that gives it.
+        Default: nothing (a model whose shape the settings alone decide)."""
+
     @abstractmethod
     def build_model(self) -> "torch.nn.Module":
         """A freshly initialised model on the CPU (the worker moves it to the device)."""
