@@ -44,6 +44,9 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_samples_per_second", "This peer's throughput over its recent steps (wall time, averaging waits included).",
      lambda s: s.samples_per_second),
     ("swarmd_loss", "Mean training loss of the last few local steps.", lambda s: s.loss),
+    ("swarmd_parameter_drift_ratio",
+     "L2 distance of this peer's parameters from the swarm's average at the last state averaging, over its norm.",
+     lambda s: s.parameter_drift),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )

@@ -98,6 +98,8 @@ def _header(s: dict[str, Any]):
         grid.add_row("rank down", str(s["ranks_dead"]))
     if s.get("learning_rates"):
         grid.add_row("lr", ", ".join(f"{lr:.3g}" for lr in s["learning_rates"]))
+    if s.get("parameter_drift") is not None:
+        grid.add_row("drift", f"{s['parameter_drift']:.3g} of the parameters' norm from the swarm's last average")
     if s.get("metrics_address"):
         grid.add_row("metrics", f"http://{s['metrics_address']}/metrics")
     if s.get("last_error"):
