@@ -10,6 +10,7 @@
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
+- when a state average is applied, how far this peer's parameters were from it is measured (the drift);
 - progress is published to the DHT at most every 0.5 s instead of after every step (swarm/progress.py).
 `build_sync_optimizer` maps the `swarm:` config section onto its arguments (swarm/strategy.py dispatches).
 """
