@@ -5,7 +5,9 @@ In-process (one DHT, SwarmOptimizer, the real TrainingWorker and Checkpointer), 
 from every global generator a task may use (torch's dropout, NumPy's and Python's noise), reads a seeded stream of
 batches, and trains in fp16 with a loss scaler that grows every 2 steps (so it overflows and backs off during the
 run): every part of the resume point (worker/resume.py) changes what the second half computes, and the test checks
-that leaving any of them out does change the result, so it cannot pass by accident.
+that leaving any of them out does change the result, so it cannot pass by accident. The optimizer is AdamW with
+weight decay, which also pins restore.reload_parameters: hivemind's set-up step on zero gradients used to decay the
+resumed weights once more at every restart (a 1e-4 relative error here).
 
 Why local updates and a target batch never reached: a solo peer's global epochs end when the tracker's view of its
 own progress says so, which depends on timing; with local updates every step applies its own gradient at once, so
@@ -80,7 +82,7 @@ def _config(run_id):
     })
 
 
-def _train(dht, tmp_path, directory, steps, *, resume_from=None, leave_out=()):
+def _train(dht, tmp_path, directory, steps, *, resume=False, leave_out=()):
     """One daemon's worth: seed, model, optional checkpoint, optimizer, worker; `steps` steps; a final save."""
     from swarmd.daemon.checkpointer import Checkpointer
     from swarmd.seeds import init_seed, peer_data_seed, seed_everything
@@ -95,22 +97,22 @@ def _train(dht, tmp_path, directory, steps, *, resume_from=None, leave_out=()):
     model = task.build_model()
     # one run id for the whole test: a checkpoint of another run is (rightly) ignored
     checkpointer = Checkpointer(tmp_path / directory, run_id="resume", task=task.name, keep=2)
-    checkpoint = checkpointer.load_into_model(model) if resume_from else None
+    checkpoint = checkpointer.load_into_model(model) if resume else None
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
     try:
-        resume = None
+        point = None
         if checkpoint is not None:
             checkpointer.load_into_optimizer(optimizer, checkpoint, model)
-            resume = checkpointer.resume_point(checkpoint)
+            point = checkpointer.resume_point(checkpoint)
             for part in leave_out:  # the negative controls
                 if part == "rng":
-                    resume.rng = {}
+                    point.rng = {}
                 else:
-                    setattr(resume, part, None)
+                    setattr(point, part, None)
         worker = TrainingWorker(
             task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
             stats=WorkerStats(), averaging_log=AveragingLog(), device=torch.device("cpu"),
-            data_seed=peer_data_seed(SEED, "QmPeer"), resume=resume,
+            data_seed=peer_data_seed(SEED, "QmPeer"), resume=point,
         )
         if checkpoint is None:
             worker.precision.scaler._growth_interval = 2  # grows fast, overflows, backs off: state that matters
@@ -133,7 +135,7 @@ def test_a_run_stopped_and_resumed_reaches_the_parameters_of_one_that_was_not(dh
     first_half_dir = tmp_path / "copy"
     shutil.copytree(tmp_path / "resumed" / "checkpoints", first_half_dir)
     assert _distance(first_half, straight) > 1e-3  # the second half has work to do
-    resumed, resumed_worker = _train(dht, tmp_path, "resumed", N, resume_from=True)
+    resumed, resumed_worker = _train(dht, tmp_path, "resumed", N, resume=True)
 
     assert _distance(resumed, straight) < 1e-6
     assert resumed_worker._batches_taken == straight_worker._batches_taken == 2 * N
@@ -143,5 +145,27 @@ def test_a_run_stopped_and_resumed_reaches_the_parameters_of_one_that_was_not(dh
     # Each part of the resume point matters: resumed from the same first half without it, the run ends elsewhere.
     for part in ("rng", "loss_scaler", "data"):
         shutil.copytree(first_half_dir, tmp_path / f"without-{part}" / "checkpoints")
-        other, _ = _train(dht, tmp_path, f"without-{part}", N, resume_from=True, leave_out=(part,))
+        other, _ = _train(dht, tmp_path, f"without-{part}", N, resume=True, leave_out=(part,))
         assert _distance(other, straight) > 1e-4, part
+
+
+def test_a_resumed_peer_offers_its_state_at_its_epoch_at_once(dht, tmp_path):
+    """hivemind offers a peer's state at its epoch only from its next global step; a peer resumed at epoch 3 that
+    still offered 0 would look older than a fresh peer next to it (swarm/initial_state.py)."""
+    from swarmd.daemon.checkpoint import Checkpoint
+    from swarmd.daemon.restore import load_optimizer_state
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.strategy import build_swarm_optimizer
+
+    task = _NoisyTask(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, SEED))
+    model = task.build_model()
+    optimizer = build_swarm_optimizer(
+        dht=dht, config=_config("resume-offer"), model=model, task=task, averaging_log=AveragingLog()
+    )
+    try:
+        state = optimizer.state_dict()
+        state["state"]["local_epoch"] = 3
+        load_optimizer_state(optimizer, Checkpoint(tmp_path, 3, {}, model.state_dict(), state))
+        assert optimizer.local_epoch == 3 and optimizer.state_averager.state_sharing_priority == 3
+    finally:
+        optimizer.shutdown()
