@@ -292,7 +292,9 @@ class TrainingConfig(StrictModel):
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Autocast precision of forward/backward.")
     batch_size: int = Field(32, ge=1, description="Samples per local step (per peer).")
     seed: Optional[int] = Field(
-        None, description="Seed for initialisation and data order; default derives the data order from the peer id."
+        None,
+        description="Seed for initialisation and data order. Unset: the initialisation seed derives from run_id "
+        "(every peer of a run builds the same model) and the data order from the peer id (each peer its own).",
     )
     max_epochs: int = Field(0, ge=0, description="Stop (exit 0) once the local epoch reaches this. 0: run forever.")
     threads: int = Field(0, ge=0, description="torch intra-op threads on the CPU; 0 leaves torch's default.")

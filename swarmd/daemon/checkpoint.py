@@ -1,7 +1,8 @@
 """Checkpoints of model, optimizer and epoch: safetensors files plus a small JSON manifest, written atomically.
 
 Layout: <state_dir>/checkpoints/epoch-00000012-20261129T170501Z/{model.safetensors, optimizer.safetensors,
-meta.json}. A checkpoint is assembled in a hidden `.partial-*` folder, every file is fsynced, and only then the
+resume.safetensors, meta.json}; resume.safetensors and the manifest's "resume" hold where training stood besides the
+weights (random generators, loss scale, data position: worker/resume.py); checkpoints written before have neither. A checkpoint is assembled in a hidden `.partial-*` folder, every file is fsynced, and only then the
 folder is renamed into place, so a crash or a full disk mid-save never replaces the last good checkpoint. The
 manifest holds a SHA-256 of every file; a checkpoint whose files do not match is reported and skipped on load.
 """
@@ -16,7 +17,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^epoch-(\d{8})-(\d{8}T\d{6}(?:\.\d+)?Z)$")
 _MODEL_FILE, _OPTIMIZER_FILE, _META_FILE = "model.safetensors", "optimizer.safetensors", "meta.json"
+_RESUME_FILE = "resume.safetensors"  # optional: absent from checkpoints of older versions
 _GROUP_PREFIX = "param_groups/"  # optimizer.safetensors keys of tensors kept in param groups (not per-parameter state)
 
 
@@ -41,6 +43,8 @@ class Checkpoint:
     meta: dict[str, Any]
     model_state: dict[str, Any]  # name -> tensor
     optimizer_state: dict[str, Any]  # a torch optimizer state_dict (hivemind's, with local_epoch)
+    resume_tensors: dict[str, Any] = field(default_factory=dict)  # worker/resume.py ResumePoint.to_checkpoint()
+    resume_meta: dict[str, Any] = field(default_factory=dict)  # {} for a checkpoint that has none
 
 
 class CheckpointStore:
@@ -51,9 +55,17 @@ class CheckpointStore:
     # --- writing -------------------------------------------------------------------------------------------
 
     def save(
-        self, *, model_state: dict[str, Any], optimizer_state: dict[str, Any], epoch: int, info: dict[str, Any]
+        self,
+        *,
+        model_state: dict[str, Any],
+        optimizer_state: dict[str, Any],
+        epoch: int,
+        info: dict[str, Any],
+        resume: Optional[tuple[dict[str, Any], dict[str, Any]]] = None,
     ) -> Path:
-        """Write one checkpoint atomically and prune old ones; raise CheckpointError (old ones stay intact)."""
+        """Write one checkpoint atomically and prune old ones; raise CheckpointError (old ones stay intact).
+
+        `resume`: (tensors, JSON meta) of where training stood (worker/resume.py), in the same atomic write."""
         from safetensors.torch import save as to_safetensors_bytes
 
         started = time.monotonic()
@@ -70,12 +82,18 @@ class CheckpointStore:
                 _MODEL_FILE: to_safetensors_bytes(_unique_contiguous(model_state)),
                 _OPTIMIZER_FILE: to_safetensors_bytes(optimizer_tensors),
             }
+            resume_meta = {}
+            if resume is not None:
+                resume_tensors, resume_meta = resume
+                files[_RESUME_FILE] = to_safetensors_bytes(_unique_contiguous(resume_tensors))
+                json.dumps(resume_meta)  # fail before anything is written
             manifest = {
                 "format": FORMAT_VERSION,
                 "epoch": epoch,
                 "created_at": time.time(),
                 **info,
                 "optimizer": optimizer_meta,
+                **({"resume": resume_meta} if resume is not None else {}),
                 "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in files.items()},
             }
             for name, data in files.items():
@@ -132,7 +150,8 @@ class CheckpointStore:
         if meta.get("format") != FORMAT_VERSION:
             raise CheckpointError(f"checkpoint {path.name} has format {meta.get('format')!r}, expected {FORMAT_VERSION}")
         contents = {}
-        for name in (_MODEL_FILE, _OPTIMIZER_FILE):
+        optional = [_RESUME_FILE] if _RESUME_FILE in meta.get("files", {}) else []
+        for name in (_MODEL_FILE, _OPTIMIZER_FILE, *optional):
             expected = meta.get("files", {}).get(name, {})
             try:
                 data = (path / name).read_bytes()
@@ -153,6 +172,8 @@ class CheckpointStore:
             meta=meta,
             model_state=contents[_MODEL_FILE],
             optimizer_state=_unflatten_optimizer_state(contents[_OPTIMIZER_FILE], meta["optimizer"]),
+            resume_tensors=contents.get(_RESUME_FILE, {}),
+            resume_meta=meta.get("resume") or {},
         )
 
 

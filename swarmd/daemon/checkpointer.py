@@ -1,8 +1,8 @@
 """The daemon's checkpoints: the store in the state dir, what goes into one, and how it comes back.
 
 - at start, `load_into_model` (before the optimizer exists) and `load_into_optimizer` (after) resume a run;
-- `save` captures model, optimizer and epoch consistently (restore.py) and writes them atomically
-  (checkpoint.py); called by the worker thread between steps, or by the daemon after the worker stopped;
+- `save` captures model, optimizer and epoch consistently (restore.py), with the worker's resume point (random
+  generators, loss scale, data position: worker/resume.py), and writes them atomically (checkpoint.py); called by the worker thread between steps, or by the daemon after the worker stopped;
 - `info()` is what the status reports about them (under a lock: written by the worker, read by the tick).
 """
 
@@ -57,17 +57,27 @@ class Checkpointer:
         return checkpoint
 
     @staticmethod
-    def load_into_optimizer(optimizer, checkpoint) -> None:
-        from swarmd.daemon.restore import load_optimizer_state
+    def load_into_optimizer(optimizer, checkpoint, model) -> None:
+        """The optimizer's state, and the model's parameters again (hivemind's set-up step moved them)."""
+        from swarmd.daemon.restore import load_optimizer_state, reload_parameters
 
         load_optimizer_state(optimizer, checkpoint)
+        reload_parameters(model, optimizer, checkpoint)
+
+    @staticmethod
+    def resume_point(checkpoint):
+        """Where the checkpoint's training stood besides its weights (worker/resume.py), or None (older format)."""
+        from swarmd.worker.resume import ResumePoint
+
+        return ResumePoint.from_checkpoint(checkpoint.resume_tensors, checkpoint.resume_meta)
 
     # --- saving --------------------------------------------------------------------------------------------
 
-    def save(self, model, optimizer, *, details: Optional[dict] = None) -> None:
+    def save(self, model, optimizer, *, details: Optional[dict] = None, resume=None) -> None:
         """Capture and write a checkpoint; a failure is logged and counted, the previous checkpoint stays.
 
-        `details`: more for the manifest (e.g. the last evaluation, which `swarmd export` reports)."""
+        `details`: more for the manifest (e.g. the last evaluation, which `swarmd export` reports);
+        `resume`: the worker's ResumePoint (worker/resume.py), captured at the same moment as the model."""
         from swarmd.daemon.checkpoint import CheckpointError
         from swarmd.daemon.restore import capture_state
 
@@ -75,7 +85,10 @@ class Checkpointer:
         info = {"run_id": self.run_id, "task": self.task, "peer_id": self.peer_id, "swarmd_version": __version__}
         info.update(details or {})
         try:
-            path = self.store.save(model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info=info)
+            path = self.store.save(
+                model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info=info,
+                resume=resume.to_checkpoint() if resume is not None else None,
+            )
         except CheckpointError as e:
             with self._lock:
                 self._info = CheckpointInfo(

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -100,7 +99,7 @@ class Daemon:
         await self._check_compatibility()
         self.runtime = self._build_optimizer(task, model, checkpoint)
         self.runtime.ranks = await self._start_ranks(task, model, device)
-        self.runtime.worker = self._start_worker(device)
+        self.runtime.worker = self._start_worker(device, checkpoint)
         self._set_state("training")
         for extension in self.extensions:
             _guarded(extension.ready, self.view)
@@ -124,19 +123,22 @@ class Daemon:
     async def _build_model(self):
         """The task, its model on the device, and the checkpoint it resumed from (or None)."""
         # Heavy imports happen here, after the socket answers "starting".
-        import torch
-
         from swarmd.logs import route_hivemind_logs
+        from swarmd.seeds import seed_everything
         from swarmd.swarm.children import tie_children_to_this_process
 
         route_hivemind_logs(self.config.logging.hivemind_level)
         tie_children_to_this_process()
         self._check_stop()
         task, device, init_seed = self._make_task()
-        logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
-        await asyncio.to_thread(task.prepare)
+        if self.config.swarm.auxiliary:  # it averages, never reads data: it must start without the dataset
+            logger.info("Preparing task %s for an auxiliary peer (no data)", self.config.task.name)
+            await asyncio.to_thread(task.prepare_auxiliary)
+        else:
+            logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
+            await asyncio.to_thread(task.prepare)
         self._check_stop()
-        torch.manual_seed(init_seed)
+        seed_everything(init_seed)  # the same on every peer of the run (swarmd/seeds.py): one model per swarm
         model = await asyncio.to_thread(task.build_model)
         n_params = sum(p.numel() for p in model.parameters())
         from swarmd.swarm.compatibility import compatibility_of
@@ -158,6 +160,7 @@ class Daemon:
 
     def _make_task(self):
         from swarmd.ranks.devices import resolve_devices
+        from swarmd.seeds import init_seed
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
 
@@ -165,12 +168,12 @@ class Daemon:
         self._devices = resolve_devices(training)  # one per rank; rank 0 (this process) trains on the first
         device = self._devices[0]
         self.identity = dataclasses.replace(self.identity, device=str(device))
-        init_seed = training.seed if training.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = init_seed(training.seed, self.config.run_id)
         context = TaskContext(
             state_dir=self.config.state_path, device=device, precision=training.precision,
-            batch_size=training.batch_size, seed=init_seed, rank=0, ranks=len(self._devices),
+            batch_size=training.batch_size, seed=seed, rank=0, ranks=len(self._devices),
         )
-        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, init_seed
+        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, seed
 
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_command, start_dht
@@ -234,7 +237,7 @@ class Daemon:
         self.runtime = Runtime(task, model, optimizer, WorkerStats(), averaging_log)  # the shutdown stops it
         self._signals.install()
         if checkpoint is not None:
-            self.checkpointer.load_into_optimizer(optimizer, checkpoint)
+            self.checkpointer.load_into_optimizer(optimizer, checkpoint, model)
         swarm = self.config.swarm
         logger.info(
             "Joined run %r as %s: target batch %d, %d per step, local epoch %d",
@@ -247,7 +250,7 @@ class Daemon:
     async def _start_ranks(self, task, model, device):
         """Ranks 1..N-1 on the other devices (ranks/), connected before the first step; None for one rank."""
         from swarmd.ranks.local import start_local_ranks
-        from swarmd.worker.trainer import peer_data_seed
+        from swarmd.seeds import peer_data_seed
 
         ranks = await start_local_ranks(
             self.config, devices=self._devices, model=model, init_seed=task.context.seed,
@@ -258,15 +261,17 @@ class Daemon:
         self._check_stop()
         return ranks
 
-    def _start_worker(self, device):
+    def _start_worker(self, device, checkpoint):
         from swarmd.worker.threads import reserve_threads_for_worker
-        from swarmd.worker.trainer import TrainingWorker, WorkerSettings, peer_data_seed
+        from swarmd.seeds import peer_data_seed
+        from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
         runtime = self.runtime
         save = None
         if self.checkpointer is not None:
             save = lambda: self.checkpointer.save(  # noqa: E731
-                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report())
+                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report()),
+                resume=runtime.worker.resume_point(),
             )
         worker = TrainingWorker(
             task=runtime.task,
@@ -280,6 +285,7 @@ class Daemon:
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
             threads=reserve_threads_for_worker(self.config.training.threads),
             save_checkpoint=save,
+            resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
         )
         worker.start()
         return worker

@@ -9,7 +9,7 @@ import torch
 from swarmd.daemon.checkpoint import storage_key
 from swarmd.errors import ConfigError
 
-__all__ = ["capture_state", "load_model_state", "load_optimizer_state"]
+__all__ = ["capture_state", "load_model_state", "load_optimizer_state", "reload_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,3 +77,25 @@ def load_optimizer_state(optimizer, checkpoint) -> None:
     # hivemind would only bring the schedule to local_epoch at its next global step
     optimizer.state_averager._update_scheduler()
     optimizer.tracker.report_local_progress(optimizer.local_epoch, samples_accumulated=0)
+    # hivemind offers a peer's state at its epoch only from its next global step: offer the resumed epoch now, so
+    # a fresh peer starting next to this one takes this state rather than the other way round (initial_state.py)
+    if not optimizer.client_mode and not optimizer.auxiliary:
+        optimizer.state_averager.state_sharing_priority = optimizer.local_epoch
+
+
+@torch.no_grad()
+def reload_parameters(model: torch.nn.Module, optimizer, checkpoint) -> None:
+    """Put the checkpoint's parameters back after hivemind built its optimizer around them.
+
+    hivemind initialises an optimizer's statistics with one step on zero gradients (state_averager.py
+    `initialize_optimizer_state_`), and that step moves the parameters whenever the optimizer decays weights
+    (AdamW, LAMB): every restart would otherwise shrink the resumed weights by lr x weight_decay once more. With
+    offload_optimizer the step moved hivemind's copies, which the next step writes into the model: reset those too.
+    """
+    load_model_state(model, checkpoint)
+    averager = optimizer.state_averager
+    if averager.offload_optimizer:
+        with averager.lock_optimizer:
+            copies = [param for group in averager.optimizer.param_groups for param in group["params"]]
+            for main, copy in zip(averager.main_parameters, copies):
+                copy.copy_(main)

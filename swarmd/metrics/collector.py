@@ -51,6 +51,9 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
      lambda s: s.allowed_peers),
     ("swarmd_incompatible_peers", "Peers whose records disagree with this peer's model or must-agree settings "
      "(left out of its peers).", lambda s: len(s.incompatible_peers)),
+    ("swarmd_parameter_drift_ratio",
+     "L2 distance of this peer's parameters from the swarm's average at the last state averaging, over its norm.",
+     lambda s: s.parameter_drift),
     ("swarmd_checkpoint_last_success_timestamp_seconds", "Unix time the last checkpoint was written and verified.",
      lambda s: s.checkpoint.time if s.checkpoint else None),
 )

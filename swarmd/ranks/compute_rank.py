@@ -96,6 +96,7 @@ def run_torchrun_rank(config, place, environ) -> int:
     from swarmd.logs import configure_logging
     from swarmd.ranks.group import rank_timeouts
     from swarmd.ranks.layout import torchrun_device, torchrun_init_method
+    from swarmd.seeds import init_seed
 
     configure_logging(config.logging.level, config.logging.format)
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -120,7 +121,7 @@ def run_torchrun_rank(config, place, environ) -> int:
         world_size=place.world_size,
         device=device,
         join_group=join_group,
-        init_seed=config.training.seed if config.training.seed is not None else 0,
+        init_seed=init_seed(config.training.seed, config.run_id),
         threads=config.training.threads,
     )
 

@@ -101,6 +101,8 @@ def _header(s: dict[str, Any]):
     if s.get("allowed_peers") is not None:
         refused = sum((s.get("refusals") or {}).values())
         grid.add_row("private", f"{s['allowed_peers']} other peer(s) allowed (network.allowed_peers)  ·  {refused} refused")
+    if s.get("parameter_drift") is not None:
+        grid.add_row("drift", f"{s['parameter_drift']:.3g} of the parameters' norm from the swarm's last average")
     if s.get("metrics_address"):
         grid.add_row("metrics", f"http://{s['metrics_address']}/metrics")
     if s.get("last_error"):

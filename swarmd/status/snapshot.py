@@ -84,6 +84,7 @@ class SwarmProgress:
     target_batch_size: int
     eta_seconds: Optional[float]
     state_loads_total: int
+    parameter_drift: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,9 @@ class Snapshot:
     target_batch_size: Optional[int] = None
     eta_seconds: Optional[float] = None
     state_loads_total: int = 0
+    # L2 distance of this peer's parameters from the swarm's average at the last state averaging, over the average's
+    # norm (None until one): how far failed or rejected gradient rounds let it drift between parameter averagings
+    parameter_drift: Optional[float] = None
     # the worker
     samples_per_second: float = 0.0
     samples_total: int = 0
@@ -231,6 +235,7 @@ def read_swarm_progress(optimizer) -> SwarmProgress:
         target_batch_size=progress.target_batch_size,
         eta_seconds=_eta(progress.eta_next_epoch, time.time()),
         state_loads_total=optimizer.state_loads_total,
+        parameter_drift=getattr(getattr(optimizer, "state_averager", None), "last_parameter_drift", None),
     )
 
 
@@ -284,7 +289,7 @@ def build_snapshot(
 
 def _progress_fields(progress: SwarmProgress) -> dict[str, Any]:
     names = ("local_epoch", "global_epoch", "num_peers", "num_clients", "samples_accumulated", "eta_seconds",
-             "state_loads_total")
+             "state_loads_total", "parameter_drift")
     return {name: getattr(progress, name) for name in names}
 
 

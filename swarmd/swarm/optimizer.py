@@ -10,6 +10,7 @@
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
+- when a state average is applied, how far this peer's parameters were from it is measured (the drift);
 - progress is published to the DHT at most every 0.5 s instead of after every step (swarm/progress.py).
 `build_sync_optimizer` maps the `swarm:` config section onto its arguments (swarm/strategy.py dispatches).
 """
@@ -103,9 +104,34 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
     # parameters copied back, or the local optimizer stepping them in place.
     parameters_version = 0
 
+    # How far this peer's parameters were from the swarm's average at the last state averaging (L2 distance over
+    # the average's norm; None until one applied): after failed or rejected gradient rounds a peer steps on its own
+    # gradients and drifts, and only parameter averaging (every average_state_every epochs) pulls it back.
+    last_parameter_drift: Optional[float] = None
+
     def _apply_averaging_results_(self):
+        self.last_parameter_drift = self._parameter_drift()
         super()._apply_averaging_results_()
         self.parameters_version += 1
+
+    def _parameter_drift(self) -> Optional[float]:
+        import torch
+
+        try:
+            count = len(self.main_parameters)
+            with self.get_tensors() as averaged_tensors:
+                averaged = [tensor.detach().float() for tensor in list(averaged_tensors)[:count]]
+                if self.delta_rule_averaging and self._old_tensors is not None:
+                    own = list(self._old_tensors)[:count]  # what this peer sent: its parameters have moved since
+                else:
+                    own = list(self._local_tensors())[:count]
+                own = [tensor.detach().to("cpu", torch.float32) for tensor in own]
+                distance = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(torch._foreach_sub(own, averaged))))
+                size = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(averaged)))
+            return float(distance / size) if size > 0 else None
+        except Exception as e:  # noqa: BLE001 - a measurement must never break the averaging it watches
+            logger.debug("Could not measure the parameter drift: %r", e)
+            return None
 
     def _apply_optimizer_parameters_(self):
         super()._apply_optimizer_parameters_()

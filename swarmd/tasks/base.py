@@ -83,6 +83,12 @@ class Task(ABC):
         Called once before anything is built, so a missing dataset is a config error, not a crash in a worker.
         """
 
+    def prepare_auxiliary(self) -> None:
+        """What an auxiliary peer runs instead of `prepare()`: it only helps average, never reads data, so it must
+        start without the dataset. Set here whatever `build_model()` needs (e.g. a class count or vocabulary size
+        the data would have told) from the settings, or raise ConfigError naming the setting that gives it.
+        Default: nothing (a model whose shape the settings alone decide)."""
+
     @abstractmethod
     def build_model(self) -> "torch.nn.Module":
         """A freshly initialised model on the CPU (the worker moves it to the device)."""
@@ -106,6 +112,15 @@ class Task(ABC):
     @abstractmethod
     def train_batches(self, seed: int) -> Iterator[Any]:
         """An endless iterator of training batches; `seed` makes the order this peer's own."""
+
+    def resume_batches(self, seed: int, consumed: int) -> Iterator[Any]:
+        """`train_batches(seed)` without its first `consumed` batches: where a peer resumed from a checkpoint
+        continues its data. Default: draws and drops them, exact for any task whose batches depend only on `seed`
+        but as slow as reading them; a task whose batches are expensive overrides it to skip without loading
+        (`endless_batches(skip=...)` does)."""
+        import itertools
+
+        return itertools.islice(self.train_batches(seed), consumed, None)
 
     def set_epoch(self, epoch: int) -> None:
         """The global epoch this peer is now in (like DistributedSampler.set_epoch); called before the first batch

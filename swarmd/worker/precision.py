@@ -41,6 +41,13 @@ class Precision:
         """The fp16 loss scale (None without loss scaling)."""
         return None
 
+    def state_dict(self):
+        """The loss scaler's state for a checkpoint (None without loss scaling)."""
+        return None
+
+    def load_state_dict(self, state) -> None:
+        """Put back what state_dict() gave (a resumed run keeps its calibrated scale)."""
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
@@ -71,6 +78,13 @@ class _Fp16PerStep(Precision):
 
     def loss_scale(self):
         return self.scaler.get_scale()
+
+    def state_dict(self):
+        return self.scaler.state_dict()  # plain numbers: scale, growth tracker, factors, interval
+
+    def load_state_dict(self, state) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
 
     def backward(self, loss):
         self.scaler.scale(loss).backward()

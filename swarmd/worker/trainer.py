@@ -13,7 +13,6 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -24,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from swarmd.ranks.step_sync import RankFailure
+from swarmd.seeds import peer_data_seed  # re-exported: its callers knew it here
 from swarmd.swarm.optimizer import StateLoadFailed
 from swarmd.worker.batches import move_to_device
 from swarmd.worker.precision import make_precision
@@ -50,13 +50,6 @@ def resolve_device(name: str) -> torch.device:
 
         raise ConfigError(f"training.device: {name} was asked for but CUDA is not available here; use cpu or auto")
     return device
-
-
-def peer_data_seed(seed: Optional[int], peer_id: str) -> int:
-    """Each peer shuffles its data its own way (derived from its persistent peer id), reproducibly given `seed`."""
-    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
 
 
 @dataclass(frozen=True)
@@ -108,6 +101,7 @@ class TrainingWorker:
         save_checkpoint: Optional[Callable[[], None]] = None,
         threads: int = 0,
         ranks=None,
+        resume=None,
     ):
         self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
@@ -126,6 +120,10 @@ class TrainingWorker:
                 settings.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
             )
         )
+        self.resume = resume  # worker/resume.py ResumePoint of the checkpoint the daemon resumed from, or None
+        if resume is not None and self.precision is not None:
+            self.precision.load_state_dict(resume.loss_scaler)
+        self._stream_seed, self._batches_taken = data_seed, 0  # the data position (see resume_point)
         self.failure: Optional[BaseException] = None  # set when the worker gave up; the daemon exits 1
         self.reached_max_epochs = False
         self._stop = threading.Event()
@@ -175,17 +173,20 @@ class TrainingWorker:
             self.stats.record_fatal(e)
 
     def _catch_up_with_swarm(self) -> None:
-        """Before training: see the swarm's progress and, if it is ahead, download its state (bounded)."""
+        """Before training: see the swarm's progress and take the swarm's state (bounded) when it is ahead, or, for
+        a trainer, when another trainer offers a state it should start from (swarm/initial_state.py)."""
         self.stats.set_phase("joining")
         tracker = self.optimizer.tracker
         self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
         tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
         if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
-            logger.info(
-                "The swarm is at epoch %d, this peer at %d: downloading the swarm's state",
-                tracker.global_epoch,
-                self.optimizer.local_epoch,
-            )
+            reason = f"the swarm is at epoch {tracker.global_epoch}, this peer at {self.optimizer.local_epoch}"
+        elif not self.auxiliary and self._another_trainer_offers_its_state():
+            reason = "another trainer is at the same epoch or ahead: starting from its parameters (one model per swarm)"
+        else:
+            reason = None
+        if reason is not None:
+            logger.info("Downloading the swarm's state: %s", reason)
             try:
                 self.stats.begin("downloading the swarm's state", self.settings.download_budget)
                 self.optimizer.load_state_from_peers()
@@ -193,6 +194,13 @@ class TrainingWorker:
             except StateLoadFailed as e:
                 logger.warning("%s; training on from the local state, hivemind will retry", e)
         self._take_backup()
+
+    def _another_trainer_offers_its_state(self) -> bool:
+        from swarmd.swarm.initial_state import offered_states, should_take_swarm_state
+
+        self.stats.begin("looking for the swarm's state", _SYNC_WAIT_SECONDS)
+        offers = offered_states(self.optimizer, timeout=_SYNC_WAIT_SECONDS)
+        return should_take_swarm_state(self.optimizer.local_epoch, self.optimizer.dht.peer_id.to_base58(), offers)
 
     def _assist(self) -> None:
         """Auxiliary peers only help average; hivemind wants step() called regularly."""
@@ -208,7 +216,7 @@ class TrainingWorker:
         self.model.train()
         self.task.set_epoch(self.optimizer.local_epoch)
         self._read_epoch_state()
-        batches = iter(self.task.train_batches(self.data_seed))
+        batches = self._resumed_batches()
         consecutive_failures = failures_since_start = 0
         while not self._stop.is_set():
             try:
@@ -241,10 +249,48 @@ class TrainingWorker:
                 self.stats.begin("backing off after a failed step", delay)
                 self._stop.wait(delay)
                 self._restore_backup()
-                batches = iter(self.task.train_batches(self.data_seed + failures_since_start))
+                batches = self._batches(self.data_seed + failures_since_start)
                 self.stats.set_phase("training")
             if self.reached_max_epochs:
                 break
+
+    # --- the data position and the random generators: what a checkpoint needs to continue exactly ------------
+
+    def _batches(self, seed: int, skip: int = 0):
+        """The task's batches of stream `seed` from batch `skip` on, counted as they are taken."""
+        self._stream_seed, self._batches_taken = seed, skip  # now, not at the first batch: a save may come first
+        source = self.task.resume_batches(seed, skip) if skip else self.task.train_batches(seed)
+
+        def counted():
+            for batch in source:
+                self._batches_taken += 1
+                yield batch
+
+        return counted()
+
+    def _resumed_batches(self):
+        """Before the first batch: the random generators and data position of the checkpoint resumed from."""
+        from swarmd.worker.resume import restore_rng_states
+
+        resume, self.resume = self.resume, None
+        if resume is None:
+            return self._batches(self.data_seed)
+        restore_rng_states(resume.rng)
+        position = resume.data
+        if position is None or position.peer_seed != self.data_seed:
+            return self._batches(self.data_seed)  # another peer's checkpoint: its data position is not ours
+        logger.info("Continuing the data where the checkpoint stopped: batch %d of stream %d", position.batches, position.seed)
+        return self._batches(position.seed, position.batches)
+
+    def resume_point(self):
+        """Where training stands besides the weights; call between steps (the worker thread, or after it stopped)."""
+        from swarmd.worker.resume import DataPosition, ResumePoint, capture_rng_states
+
+        return ResumePoint(
+            rng=capture_rng_states(),
+            loss_scaler=self.precision.state_dict() if self.precision is not None else None,
+            data=None if self.auxiliary else DataPosition(self.data_seed, self._stream_seed, self._batches_taken),
+        )
 
     def _step(self, batch: Any) -> None:
         started = time.perf_counter()

@@ -43,6 +43,7 @@ class FakeOptimizer:
         self.local_epoch = 3
         self.state_loads_total = 1
         self.tracker = types.SimpleNamespace(global_progress=FakeProgress())
+        self.state_averager = types.SimpleNamespace(last_parameter_drift=None)  # no state averaging yet
 
 
 def make_metrics(traffic=None):
@@ -91,6 +92,7 @@ def test_scrape_follows_training():
     assert before[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "success")))] == 1
     assert before[("swarmd_averaging_rounds_total", (("kind", "state"), ("outcome", "failed")))] == 0
     assert before[("swarmd_state_loads_total", ())] == 1
+    assert ("swarmd_parameter_drift_ratio", ()) not in before
 
     for _ in range(3):
         parts.stats.record_step(samples=16, seconds=0.02, loss=2.0, metrics={"accuracy": 0.25})
@@ -101,6 +103,7 @@ def test_scrape_follows_training():
     parts.log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=4)
     parts.optimizer.local_epoch = parts.optimizer.tracker.global_progress.epoch = 4
     parts.checkpoint = CheckpointInfo(epoch=4, time=1_700_000_000.0)
+    parts.optimizer.state_averager.last_parameter_drift = 0.02  # measured when a state averaging was applied
     parts.deliver()
     after = samples(generate_latest(metrics.registry).decode())
 
@@ -111,6 +114,7 @@ def test_scrape_follows_training():
     assert ("swarmd_loss_scale", ()) not in after  # not fp16: no value
     assert after[("swarmd_task_metric", (("name", "accuracy"),))] == 0.25
     assert after[("swarmd_cuda_memory_bytes", (("device", "cuda:0"), ("kind", "reserved")))] == 20
+    assert after[("swarmd_parameter_drift_ratio", ())] == 0.02
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "success")))] == 2
     assert after[("swarmd_averaging_rounds_total", (("kind", "gradients"), ("outcome", "skipped")))] == 1
     assert after[("swarmd_averaging_rounds_total", (("kind", "state"), ("outcome", "failed")))] == 1

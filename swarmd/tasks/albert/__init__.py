@@ -33,6 +33,10 @@ class AlbertModelConfig(StrictModel):
     num_attention_heads: Optional[int] = Field(2, ge=1)
     intermediate_size: Optional[int] = Field(128, ge=8)
     max_position_embeddings: Optional[int] = Field(128, ge=16)
+    vocab_size: Optional[int] = Field(
+        None, ge=2, description="Null: the prepared tokenizer's. Auxiliary peers do not read the prepared data, so "
+        "with source: prepared they need it (the trainers' tokenizer size).",
+    )
     dropout: Optional[float] = Field(None, ge=0, lt=1, description="Hidden and attention dropout (ALBERT v2: 0).")
     attention: Literal["sdpa", "eager"] = Field(
         "sdpa", description="sdpa: torch's scaled_dot_product_attention (fused kernels); eager: plain matmuls."
@@ -133,6 +137,13 @@ class AlbertTask(Task):
                 f"task.model.max_position_embeddings: {positions} is shorter than the prepared sequences "
                 f"({self.prepared.max_seq_length} tokens in {root}); raise it or prepare shorter sequences"
             )
+        configured = self.settings.model.vocab_size
+        if configured is not None and configured != self.prepared.vocab_size:
+            raise ConfigError(
+                f"task.model.vocab_size: {configured}, but the tokenizer in {root} has {self.prepared.vocab_size}; "
+                "leave it unset or make them agree"
+            )
+        self.vocab_size = self.prepared.vocab_size
         pairs = self.prepared.splits.get("train", 0)
         if pairs < self.context.batch_size:
             raise ConfigError(
@@ -143,7 +154,18 @@ class AlbertTask(Task):
     def build_model(self):
         from swarmd.tasks.albert.model import build_albert
 
-        return build_albert(self.settings.model, vocab_size=self.prepared.vocab_size)
+        return build_albert(self.settings.model, vocab_size=self.vocab_size)
+
+    def prepare_auxiliary(self) -> None:
+        if self.settings.model.vocab_size is not None:
+            self.vocab_size = self.settings.model.vocab_size
+        elif self.settings.data.source == "generated":
+            self.prepare()  # generated here, from the settings: nothing anyone has to provide
+        else:
+            raise ConfigError(
+                "task.model.vocab_size: an auxiliary peer does not read the prepared data, so it cannot read the "
+                "tokenizer's size; set it to the trainers' vocabulary size"
+            )
 
     def build_optimizer(self, param_groups):
         return build_optimizer(self.settings.optim, param_groups)
@@ -155,6 +177,11 @@ class AlbertTask(Task):
         from swarmd.tasks.albert import data
 
         return data.train_batches(self, seed)
+
+    def resume_batches(self, seed: int, consumed: int):
+        from swarmd.tasks.albert import data
+
+        return data.train_batches(self, seed, skip=consumed)
 
     def training_step(self, model, batch) -> StepOutput:
         from swarmd.tasks.albert import data

@@ -25,12 +25,13 @@ def _collator(task, seed: int) -> DataCollatorForLanguageModeling:
     )
 
 
-def train_batches(task, seed: int):
+def train_batches(task, seed: int, skip: int = 0):
     data = task.settings.data
     return endless_batches(
         task.prepared.split("train"),
         batch_size=task.context.batch_size,
         seed=seed,
+        skip=skip,
         num_workers=data.num_workers,
         pin_memory=task.context.device.type == "cuda",
         collate_fn=_collator(task, seed),

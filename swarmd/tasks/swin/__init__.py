@@ -30,6 +30,10 @@ class SwinModelConfig(StrictModel):
     num_heads: Optional[list[int]] = Field([2, 4], min_length=1)
     window_size: Optional[int] = Field(4, ge=1)
     drop_path_rate: float = Field(0.0, ge=0, lt=1)
+    num_classes: Optional[int] = Field(
+        None, ge=2, description="Classes of the head; null: counted from the data. Auxiliary peers do not read the "
+        "data, so with a folder dataset they need it (1000 for ImageNet-1k).",
+    )
     pretrained_file: Optional[str] = Field(None, description="Local .safetensors/.pth weights to start from.")
     fused_attention: bool = Field(True, description="Attention through torch's scaled_dot_product_attention.")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
@@ -123,7 +127,28 @@ class SwinTask(Task):
         else:
             self._root = None
         self.num_classes = self._count_classes()
+        configured = self.settings.model.num_classes
+        if configured is not None and configured != self.num_classes:
+            raise ConfigError(
+                f"task.model.num_classes: {configured}, but the data has {self.num_classes} classes; "
+                "leave it unset or make them agree"
+            )
         self._check_one_batch_fits()
+
+    def prepare_auxiliary(self) -> None:
+        self._root = None  # never read: an auxiliary peer neither trains nor evaluates
+        data = self.settings.data
+        if self.settings.model.num_classes is not None:
+            self.num_classes = self.settings.model.num_classes
+        elif data.source == "synthetic":
+            self.num_classes = data.synthetic_classes
+        elif data.source == "generated":
+            self.num_classes = data.generated.num_classes
+        else:
+            raise ConfigError(
+                "task.model.num_classes: an auxiliary peer does not read the data, so it cannot count the classes "
+                f"of {data.path}; set it to the trainers' class count (1000 for ImageNet-1k)"
+            )
 
     def _check_one_batch_fits(self) -> None:
         """Training draws whole batches only: a folder with fewer images than one batch can never train."""
@@ -157,6 +182,11 @@ class SwinTask(Task):
         from swarmd.tasks.swin import data
 
         return data.train_batches(self, seed)
+
+    def resume_batches(self, seed: int, consumed: int):
+        from swarmd.tasks.swin import data
+
+        return data.train_batches(self, seed, skip=consumed)
 
     def training_step(self, model, batch) -> StepOutput:
         from swarmd.tasks.swin import data

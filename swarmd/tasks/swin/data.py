@@ -20,10 +20,12 @@ def _img_size(task) -> int:
     return task.settings.model.img_size or 224
 
 
-def train_batches(task, seed: int):
+def train_batches(task, seed: int, skip: int = 0):
     data = task.settings.data
     if data.source == "synthetic":
-        return _synthetic_batches(task, seed)
+        import itertools
+
+        return itertools.islice(_synthetic_batches(task, seed), skip, None)  # cheap to draw: no skip needed
     transform = create_transform(
         _img_size(task),
         is_training=True,
@@ -36,6 +38,7 @@ def train_batches(task, seed: int):
         dataset,
         batch_size=task.context.batch_size,
         seed=seed,
+        skip=skip,
         num_workers=data.num_workers,
         pin_memory=task.context.device.type == "cuda",
     )

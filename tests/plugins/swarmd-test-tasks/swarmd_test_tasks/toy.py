@@ -8,7 +8,8 @@ Data: `samples` inputs drawn once from a fixed seed, targets from the teacher pl
   count 1 sees; so do ranks: a peer of 2 ranks with batch b reads, together, what one rank with batch 2b reads.
 For exact equivalence runs the LR can be held at 0 ("frozen", steps paced by `frozen_step_seconds`) until the
 swarm has formed: for `frozen_epochs` global epochs, or until `unfreeze_file` exists and names the first epoch to
-train at. `start_file` holds the first batch back until it exists; `trace_path` records epoch and loss per step.
+train at. `start_file` holds the first batch back until it exists; `trace_path` records epoch and loss per step;
+`dataset_file` stands for a dataset that prepare() requires (auxiliary peers skip prepare()).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class ToySettings(StrictModel):
     frozen_step_seconds: float = Field(0.5, ge=0, description="Pause per step while frozen.")
     shard: Optional[ShardConfig] = None
     start_file: Optional[str] = Field(None, description="Wait for this file to exist before the first batch.")
+    dataset_file: Optional[str] = Field(
+        None, description="Stands for a dataset: prepare() fails (a ConfigError) when this file does not exist."
+    )
     trace_path: Optional[str] = Field(None, description="Append '<epoch> <loss>' per step to this file.")
 
 
@@ -54,8 +58,12 @@ class ToyRegressionTask(Task):
     description = "a small MLP regressing a random teacher network (plug-in example)"
     Config = ToySettings
     settings: ToySettings
+    epoch = 0  # the swarm's global epoch (set_epoch); prepare() resets it
 
     def prepare(self) -> None:
+        dataset = self.settings.dataset_file
+        if dataset is not None and not Path(dataset).exists():
+            raise ConfigError(f"task.dataset_file: {dataset} does not exist")
         shard = self.settings.shard
         if shard is not None and shard.index >= shard.count:
             raise ConfigError(f"task.shard.index: {shard.index} is not below task.shard.count {shard.count}")

@@ -1,0 +1,74 @@
+"""One model per swarm: two peers of a run without `training.seed`, started together, train the same model.
+
+Both derive their initialisation seed from the run id (swarmd/seeds.py), and a trainer that finds another trainer
+level with it or ahead takes its state before the first step (swarm/initial_state.py). Before, each peer drew its
+own random seed and nobody downloaded anything at epoch 0, so the two peers trained different models until the first
+parameter averaging (10 epochs later by default).
+
+The first global epoch runs at LR 0 (the toy task's `frozen_epochs`), so what each peer holds after the first global
+step is exactly what it started from, whatever the first gradient round did (a peer's very first step may be
+averaged with nobody: the other is not in the swarm's progress until it reported samples). The peers' epoch-1
+checkpoints must be equal to each other and to the model the run id's seed builds.
+"""
+
+import torch
+
+from daemons import peer_config
+
+BATCH = 16
+
+
+def peer(tmp_path) -> dict:
+    config = peer_config(
+        task={"name": "toy-regression", "frozen_epochs": 1, "frozen_step_seconds": 0.2,
+              "start_file": str(tmp_path / "start")},
+        swarm={
+            "target_batch_size": 4 * BATCH,
+            "matchmaking_time": 2.0,
+            "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2},
+        },
+        training={"batch_size": BATCH, "max_epochs": 1},
+        checkpoint={"every_epochs": 1, "keep": 2},
+    )
+    del config["training"]["seed"]  # the point of the test: no seed configured
+    return config
+
+
+def test_two_peers_without_a_seed_train_one_model(daemons, test_tasks_env, tmp_path):
+    first = daemons("a", peer(tmp_path), env=test_tasks_env)
+    second = daemons("b", peer(tmp_path), env=test_tasks_env, extra_args=first.joining_args())
+    for node in (first, second):
+        node.wait_status(lambda s: s["state"] == "training", timeout=120, what="training")
+    (tmp_path / "start").touch()  # both peers take their first batch now
+    for node in (first, second):
+        assert node.proc.wait(timeout=120) == 0, node.tail()  # training.max_epochs: 1
+
+    params = [_epoch_one_params(node) for node in (first, second)]
+    expected = _model_of_the_run(test_tasks_env, "test-run")
+    for name, tensor in expected.items():
+        assert torch.equal(params[0][name], params[1][name]), name
+        assert torch.equal(params[0][name], tensor), name
+
+
+def _epoch_one_params(node) -> dict:
+    from swarmd.daemon.checkpoint import CheckpointStore
+
+    checkpoint = CheckpointStore(node.state_dir / "checkpoints", keep=2).load_latest()
+    assert checkpoint is not None and checkpoint.epoch == 1, node.tail()
+    return checkpoint.model_state
+
+
+def _model_of_the_run(env, run_id: str) -> dict:
+    import os
+    import sys
+
+    site = env["PYTHONPATH"].split(os.pathsep)[0]
+    if site not in sys.path:
+        sys.path.append(site)
+    from swarmd.seeds import init_seed, seed_everything
+    from swarmd.tasks.base import TaskContext
+    from swarmd_test_tasks.toy import ToyRegressionTask, ToySettings
+
+    task = ToyRegressionTask(ToySettings(), TaskContext(None, torch.device("cpu"), "fp32", BATCH, 0))
+    seed_everything(init_seed(None, run_id))
+    return task.build_model().state_dict()
