@@ -61,15 +61,22 @@ def train_two_peers(daemons, configs, *, epochs: int, min_drop: float, extra=lam
     return statuses
 
 
-def test_swin_micro_trains_with_two_peers_and_reports_accuracy(daemons, shared_data):
+def test_swin_micro_trains_with_an_fp32_and_an_fp16_peer_and_reports_accuracy(daemons, shared_data):
+    """An fp32 peer next to an fp16 one (loss scaling, fp16 autocast on the CPU): both send fp32 gradients."""
     task = shipped_task(
         "swin-micro.yaml", data={"path": str(shared_data)}, eval_every_epochs=3, eval_max_batches=5
     )
-    config = peer_config(task=task, swarm={"target_batch_size": 512}, training={"batch_size": 32})
+    configs = [
+        peer_config(task=task, swarm={"target_batch_size": 512}, training={"batch_size": 32, "precision": precision})
+        for precision in ("fp32", "fp16")
+    ]
     statuses = train_two_peers(
-        daemons, [config, config], epochs=6, min_drop=0.05, extra=lambda s: s["evaluation"] is not None
+        daemons, configs, epochs=6, min_drop=0.05, extra=lambda s: s["evaluation"] is not None
     )
+    assert [status["precision"] for status in statuses] == ["fp32", "fp16"]
+    assert statuses[1]["loss_scale"] is not None and statuses[0]["loss_scale"] is None
     for status in statuses:
+        assert status["nonfinite_steps_total"] == 0
         assert loss_drop(status) > 0.05, status["loss_history"]
         metrics = status["evaluation"]["metrics"]
         assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0 and metrics["val_samples"] > 0, metrics
