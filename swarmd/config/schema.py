@@ -353,10 +353,11 @@ class DaemonConfig(StrictModel):
     tick_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes (and watchdog pings).")
     public_name: Optional[str] = Field(None, description="A name shown to other peers; default: the host name.")
     background_priority: Literal["normal", "nice", "idle"] = Field(
-        "nice",
+        "normal",
         description="CPU priority of hivemind's processes (DHT, p2pd, averagers) against the training: normal, "
-        "nice (nice 10; measured best on CPU peers) or idle (SCHED_IDLE: only where cores sit idle, e.g. a GPU "
-        "peer; on a busy CPU peer it starves the DHT). docs/PERFORMANCE.md section 10.",
+        "nice (nice 10: faster training on a dedicated CPU peer, slower DHT answers on an oversubscribed one) or "
+        "idle (SCHED_IDLE: only where cores sit idle, e.g. a GPU peer; on a busy CPU peer it starves the DHT). "
+        "docs/PERFORMANCE.md section 10.",
     )
 
 

@@ -7,8 +7,10 @@ lower priority the kernel runs the training first and gives them the gaps; durin
 waits on the round anyway, so the round still gets the cores it needs.
 
   normal  the same priority as the training (hivemind's behaviour)
-  nice    nice 10: still runs when it is due, but yields the core to the training at once (the default:
-          2 peers on a core each went from 0.67 to 0.73 of solo, no round failed; docs/PERFORMANCE.md section 10)
+  nice    nice 10: still runs when it is due, but yields the core to the training at once. Two peers on a core
+          each went from 0.67 to 0.73 of solo with no failed round; but where more peers than cores share a box
+          (the test suite) DHT answers came late enough to miss an 18 s bound. Opt-in, not the default yet
+          (docs/PERFORMANCE.md section 10).
   idle    SCHED_IDLE: runs only on a core that nothing else wants. On a CPU peer whose cores the training
           keeps busy the DHT starves: two such peers never saw each other in 300 s. For GPU peers only.
 
