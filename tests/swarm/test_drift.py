@@ -8,15 +8,6 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def dht():
-    import hivemind
-
-    node = hivemind.DHT(start=True)
-    yield node
-    node.shutdown()
-
-
 def test_the_drift_is_the_distance_from_the_average_over_its_norm(dht):
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.optimizer import _ObservedStateAverager

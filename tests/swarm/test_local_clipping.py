@@ -48,15 +48,6 @@ def _clipped(grads, max_norm):
     return [g * min(1.0, max_norm / float(norm)) for g in grads]
 
 
-@pytest.fixture(scope="module")
-def dht():
-    import hivemind
-
-    node = hivemind.DHT(start=True)
-    yield node
-    node.shutdown()
-
-
 @pytest.mark.parametrize("clip", [CLIP, None])
 def test_each_local_step_is_clipped_before_the_epochs_mean(dht, tmp_path, clip):
     from swarmd.swarm.averaging_log import AveragingLog

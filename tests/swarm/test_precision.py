@@ -42,15 +42,6 @@ def _batch(seed: int, scale: float = 0.1):
     return torch.randn(BATCH, 16, generator=generator) * scale, torch.randn(BATCH, 1, generator=generator) * scale
 
 
-@pytest.fixture(scope="module")
-def dht():
-    import hivemind
-
-    node = hivemind.DHT(start=True)
-    yield node
-    node.shutdown()
-
-
 @pytest.mark.parametrize(
     "precision,reuse,dpu",
     [

@@ -18,7 +18,6 @@ import random
 import shutil
 
 import numpy as np
-import pytest
 import torch
 
 from swarmd.config.schema import StrictModel, SwarmdConfig
@@ -60,15 +59,6 @@ class _NoisyTask(Task):
         if self.steps >= steps:
             worker.request_stop()
         return StepOutput(loss=loss, batch_size=x.shape[0])
-
-
-@pytest.fixture(scope="module")
-def dht():
-    import hivemind
-
-    node = hivemind.DHT(start=True)
-    yield node
-    node.shutdown()
 
 
 def _config(run_id):
