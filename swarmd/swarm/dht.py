@@ -87,13 +87,13 @@ def stop_dht(dht, timeout: float = 10.0) -> None:
 
 
 def _launch(**kwargs):
-    import hivemind
+    from swarmd.swarm.dht_process import ToleratesExitedCallers
 
     identity = kwargs.get("identity_path")
     if identity is not None and _created_here(identity):
         # as hivemind does for an identity it generates itself: nobody else can be using it, skip the slow check
         kwargs["check_if_identity_free"] = False
-    return hivemind.DHT(start=True, await_ready=False, **kwargs)
+    return ToleratesExitedCallers(start=True, await_ready=False, **kwargs)
 
 
 def _created_here(identity: str) -> bool:
