@@ -129,6 +129,15 @@ class DiLoCoConfig(StrictModel):
         description="Also average the outer parameters every this many outer steps (twice the traffic of that "
         "step). 0: only at the first outer step, which makes peers that started from different seeds equal.",
     )
+    state_check_tolerance: float = Field(
+        1e-3,
+        ge=0,
+        description="Each outer round compares a fingerprint of every member's outer state (float64 L1 and L2 "
+        "norms of the outer parameters and momentum); when two differ by more than this (relative), the group "
+        "averages its outer state before the step, as after a lone step. Peers of one outer step should hold "
+        "the same state, so a difference means one took a state that was not the swarm's; fp16 on the wire makes them "
+        "differ by far less than the default. 0: no check.",
+    )
 
     @model_validator(mode="after")
     def _check_nesterov(self) -> "DiLoCoConfig":

@@ -28,6 +28,7 @@ docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable, Optional
 
@@ -51,25 +52,55 @@ logger = logging.getLogger(__name__)
 _OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_dict() adds to the inner state
 
 
-class _KeepsDownloadedMetadata(DecentralizedAverager):
+class _HoldsDownloadUntilApplied(DecentralizedAverager):
     """Sits just above DecentralizedAverager in the MRO: remembers the metadata of the last state download, which
-    TrainingStateAverager consumes without returning."""
+    TrainingStateAverager consumes without returning, and takes `state_lock` as soon as a download is in, so that
+    nobody is served a half-applied state; _DiLoCoStateAverager releases it once all of it is applied."""
 
     _downloaded = None
+    state_lock: threading.RLock
+    _applying_download = False
 
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
         self._downloaded = loaded
+        if loaded is not None and not self._applying_download:
+            self.state_lock.acquire()
+            self._applying_download = True
         return loaded
+
+    def _downloaded_state_applied(self) -> None:
+        if self._applying_download:
+            self._applying_download = False
+            self.state_lock.release()
+
+
+_PARTIAL = "swarmd.partial"  # key the outer averager adds to a round's gathered data: the fraction that did not arrive
 
 
 class _OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
-    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py)."""
+    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
+    which also says when a round returned only part of the average.
+
+    hivemind keeps this peer's own values for the parts whose reducer failed or was too slow (`next_chunk_timeout`)
+    and still reports success: the peer would step on a mix of the average and its own pseudo-gradient, apart
+    from the swarm without knowing it (seen on busy 2-core machines). DiLoCoOptimizer treats such a round as failed.
+    """
 
     _upstream = DecentralizedAverager
 
+    async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
+        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+        running = self._running_groups.get(group_info.group_id)  # holds the all-reduce runner until the round ends
+        finished = running is not None and running.done() and not running.cancelled() and running.exception() is None
+        runner = running.result() if finished else None
+        parts = getattr(runner, "tensor_part_container", None)
+        if parts is not None and parts.failed_size:
+            gathered = {**gathered, _PARTIAL: parts.failed_size / max(1, parts.total_size)}
+        return gathered
 
-class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
+
+class _DiLoCoStateAverager(_ObservedStateAverager, _HoldsDownloadUntilApplied):
     """hivemind's state averager holding the OUTER state (host copies of the parameters, the outer SGD), plus the
     inner optimizer and schedule, which it shares with a peer that downloads the state."""
 
@@ -78,6 +109,15 @@ class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
     inner_scheduler = None
     inner_steps_per_epoch = 1
     round_steps = 0  # inner steps taken since the last outer step (or given by the peer the state came from)
+
+    def __init__(self, **kwargs):
+        # One snapshot: the outer parameters and momentum, local_epoch, round_steps and the inner optimizer change
+        # together under this lock (the outer step, a download being applied), and a peer downloading this one's
+        # state reads them under it. Upstream reads local_epoch for the state's label only after it released
+        # lock_averaged_tensors: an outer step in between served the old parameters labelled with the new epoch,
+        # and a joiner that took them stayed one outer step apart from the swarm for good.
+        self.state_lock = threading.RLock()
+        super().__init__(**kwargs)
 
     @property
     def inner_step(self) -> int:
@@ -99,12 +139,18 @@ class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
     def get_current_state(self):
         """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the
         round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them."""
+        with self.state_lock:
+            return self._current_state()
+
+    def _current_state(self):
         metadata, tensors, infos = super().get_current_state()
+        # Copies: upstream's are the live host tensors (`.cpu()` of a host tensor is itself), which the averager
+        # process streams to the downloader later, while the next outer step may already be changing them.
+        tensors = [tensor.detach().clone() for tensor in tensors]
         if self.inner_optimizer is not None:
             with torch.no_grad():
                 inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
-                # copies: the worker keeps stepping the inner optimizer while this is sent
-                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]
+                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]  # copies, as above
             metadata["diloco"] = dict(
                 inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
             )
@@ -117,7 +163,14 @@ class _DiLoCoStateAverager(_ObservedStateAverager, _KeepsDownloadedMetadata):
 
     def load_state_from_peers(self, **kwargs):
         self._downloaded = None
-        super().load_state_from_peers(**kwargs)
+        try:
+            super().load_state_from_peers(**kwargs)
+            self._apply_downloaded_round()
+        finally:
+            self._downloaded_state_applied()
+
+    def _apply_downloaded_round(self) -> None:
+        """The inner optimizer's state and the round's progress that came with the outer state upstream applied."""
         metadata, tensors = self._downloaded or (None, None)
         if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch:
             return  # nothing came, or upstream refused it (a peer behind this one)
@@ -228,6 +281,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         max_straggler_wait: float,
         average_state_every: int,
         grad_compression,
+        state_check_tolerance: float = 0.0,
         averaging_log: AveragingLog,
         guard_gradient_norm_ratio: float = 0.0,
         **kwargs,
@@ -236,6 +290,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.inner_steps = inner_steps
         self.max_straggler_wait = max_straggler_wait
         self.diloco_average_state_every = average_state_every
+        self.state_check_tolerance = state_check_tolerance
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
         self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
         # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
@@ -318,7 +373,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # the state came from a peer that had finished its round: join that round before any inner step
             self._outer_step()
             return loss
-        with averager.lock_optimizer:
+        with averager.state_lock, averager.lock_optimizer:  # the inner state and round_steps are served together
             self.inner_optimizer.step()
             averager.round_steps += 1
             averager._update_scheduler()
@@ -393,8 +448,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         # finds the round over and downloads again, never a state from before the repair labelled as after it.
         if outcome == "success" and (group_apart or self._should_average_state(epoch + 1)):
             if group_apart:
-                logger.info("Averaging parameters and outer momentum at outer step %d: a peer of the group had "
-                            "stepped on its own pseudo-gradient", epoch)
+                logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
             before = self.averaging_log.last("state")
             self.state_averager.step(
                 averaging_round=True,
@@ -442,6 +496,23 @@ class DiLoCoOptimizer(SwarmOptimizer):
             time.sleep(min(left, 0.25))
 
     @torch.no_grad()
+    def _state_fingerprint(self) -> list[float]:
+        """Four float64 numbers that two peers with the same outer state share, and that one outer step (or a
+        download of another epoch's state) changes: the L1 norms and squared L2 norms of the outer parameters and
+        of the outer momentum (norms, not sums: a sum near 0 would make rounding look like a difference)."""
+        params = self._outer_parameters()
+        state = self.state_averager.optimizer.state
+        momentum = [state[param]["momentum_buffer"] for param in params if state.get(param, {}).get("momentum_buffer") is not None]
+        fingerprint = []
+        for tensors in (params, momentum):
+            l1 = l2 = 0.0
+            for tensor in tensors:  # one float64 copy at a time
+                flat = tensor.detach().to(torch.float64).flatten()
+                l1, l2 = l1 + float(flat.abs().sum()), l2 + float(flat.dot(flat))
+            fingerprint += [l1, l2]
+        return fingerprint
+
+    @torch.no_grad()
     def _pseudo_gradient(self) -> list:
         """Outer parameters minus this peer's current ones, fp32 on the host: how far H inner steps moved it."""
         return [
@@ -449,11 +520,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for outer, main in zip(self._outer_parameters(), self.state_averager.main_parameters)
         ]
 
-    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str, bool]:
-        """(pseudo-gradient to step on, outcome, group size, why not averaged, whether a peer of the group has
-        stepped apart from the swarm since it last averaged state) for this round."""
+    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str, str]:
+        """(pseudo-gradient to step on, outcome, group size, why not averaged, why the group must average its outer
+        state first: a member stepped apart from the swarm since it last averaged state, or the members' outer
+        states differ; "" if it need not) for this round."""
         if self._alone():
-            return own, "local", 1, "alone in the swarm", False
+            return own, "local", 1, "alone in the swarm", ""
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             for tensor, mine in zip(tensors, own):
                 tensor.copy_(mine)
@@ -462,7 +534,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
             # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
             self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
-            gather = [epoch, self._apart_from_swarm]
+            gather = [epoch, self._apart_from_swarm, self._state_fingerprint() if self.state_check_tolerance else []]
             control = self.outer_averager.step(weight=weight, gather=gather, timeout=self.averaging_timeout, wait=False)
             gathered = control.result(self.averaging_timeout + self.matchmaking_time)
             if not gathered:
@@ -470,23 +542,38 @@ class DiLoCoOptimizer(SwarmOptimizer):
         except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
             if control is not None and not control.done():
                 control.cancel()
-            return own, "local", 1, f"the round failed: {e!r}", False
+            return own, "local", 1, f"the round failed: {e!r}", ""
+        gathered = dict(gathered)
+        missing = gathered.pop(_PARTIAL, 0.0)
+        if missing:
+            return own, "local", 1, f"the round failed: {missing:.1%} of the average did not arrive", ""
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]
-        gathered = [tuple(value) if isinstance(value, (list, tuple)) and len(value) == 2 else (value, False)
-                    for value in gathered.values()]
-        others = sorted({peer_epoch for peer_epoch, _ in gathered if peer_epoch != epoch}, key=repr)
+        gathered = [_gathered_entry(value) for value in gathered.values()]
+        others = sorted({peer_epoch for peer_epoch, *_ in gathered if peer_epoch != epoch}, key=repr)
         problem = f"peers of outer step {others} took part" if others else ""
         problem = problem or implausible_average(own, averaged, self.pseudo_gradient_guard_ratio)
         if problem:
-            return own, "rejected", len(gathered), f"rejected the average: {problem}", False
-        return averaged, "success", len(gathered), "", any(bool(apart) for _, apart in gathered)
+            return own, "rejected", len(gathered), f"rejected the average: {problem}", ""
+        return averaged, "success", len(gathered), "", self._why_apart(gathered)
+
+    def _why_apart(self, gathered: list) -> str:
+        """Why the group must average its outer state before this step ("" if it need not). Every member decides
+        from the same gathered values, so all of them decide alike."""
+        if any(apart for _, apart, _ in gathered):
+            return "a peer of the group had stepped on its own pseudo-gradient"
+        fingerprints = [fingerprint for *_, fingerprint in gathered if fingerprint]
+        if self.state_check_tolerance > 0 and len(fingerprints) > 1:
+            difference = fingerprint_difference(fingerprints)
+            if difference > self.state_check_tolerance:
+                return f"the members' outer states differ (fingerprints off by {difference:.1e}, relative)"
+        return ""
 
     @torch.no_grad()
     def _apply_outer_step(self, pseudo_gradient: list) -> None:
         averager = self.state_averager
-        # lock_averaged_tensors too: a peer downloading the state meanwhile gets it whole, before or after
-        with averager.lock_optimizer, averager.lock_averaged_tensors:
+        # a peer downloading the state meanwhile gets it whole and labelled with its epoch, before or after
+        with averager.state_lock, averager.lock_optimizer, averager.lock_averaged_tensors:
             for param, gradient in zip(self._outer_parameters(), pseudo_gradient):
                 param.grad.copy_(gradient)
             averager.optimizer.step()
@@ -569,6 +656,27 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.outer_averager.shutdown()
 
 
+def _gathered_entry(value) -> tuple:
+    """(epoch, apart, fingerprint) from what a member sent with the round (older swarmd sent [epoch, apart])."""
+    if isinstance(value, (list, tuple)) and len(value) in (2, 3):
+        fingerprint = list(value[2]) if len(value) == 3 and isinstance(value[2], (list, tuple)) else []
+        return value[0], bool(value[1]), fingerprint
+    return value, False, []
+
+
+def fingerprint_difference(fingerprints: list) -> float:
+    """The largest relative difference between any member's fingerprint and the first one's, entry by entry."""
+    reference = fingerprints[0]
+    worst = 0.0
+    for fingerprint in fingerprints[1:]:
+        if len(fingerprint) != len(reference):
+            return float("inf")
+        for mine, theirs in zip(reference, fingerprint):
+            scale = max(abs(mine), abs(theirs), 1e-12)
+            worst = max(worst, abs(mine - theirs) / scale)
+    return worst
+
+
 def build_diloco_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> DiLoCoOptimizer:
     """DiLoCoOptimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
     swarm, diloco = config.swarm, config.swarm.diloco
@@ -585,6 +693,7 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         nesterov=diloco.nesterov,
         max_straggler_wait=diloco.max_straggler_wait,
         average_state_every=diloco.average_state_every,
+        state_check_tolerance=diloco.state_check_tolerance,
         grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
         averaging_log=averaging_log,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,

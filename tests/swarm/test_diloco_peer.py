@@ -234,6 +234,141 @@ def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradie
         other_dht.shutdown()
 
 
+class _StepsWhenServingReleases:
+    """lock_averaged_tensors, except that when the serving thread releases it, the outer step runs (in another
+    thread) before the serving thread goes on: the moment upstream then reads local_epoch for the state's label."""
+
+    def __init__(self, lock, serving_thread_name: str, outer_step):
+        self._lock, self._serving, self._outer_step = lock, serving_thread_name, outer_step
+        self.step_thread = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+        if threading.current_thread().name == self._serving and self.step_thread is None:
+            self.step_thread = threading.Thread(target=self._outer_step)
+            self.step_thread.start()
+            self.step_thread.join(2.0)  # with the state lock it cannot finish now: it waits for the serve
+
+    def acquire(self, *args, **kwargs):
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self):
+        return self._lock.release()
+
+
+def test_the_state_served_during_an_outer_step_is_labelled_with_its_own_epoch(dht, tmp_path):
+    """A joiner that took the old outer parameters labelled with the new epoch stayed one outer step apart from
+    the swarm for good (the late joiner of test_diloco.py, once in a while)."""
+    task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-serve")
+    averager = optimizer.state_averager
+    try:
+        _train(task, model, optimizer, range(H - 1))  # the next inner step ends the round: the outer step
+        before = [param.detach().clone() for param in optimizer._outer_parameters()]
+        lock = _StepsWhenServingReleases(
+            averager.lock_averaged_tensors, "serving", lambda: _train(task, model, optimizer, [H - 1])
+        )
+        averager.lock_averaged_tensors = lock
+        served = {}
+        serving = threading.Thread(target=lambda: served.update(state=averager.get_current_state()), name="serving")
+        serving.start()
+        serving.join(30)
+        lock.step_thread.join(30)
+        metadata, tensors, _ = served["state"]
+        after = [param.detach().clone() for param in optimizer._outer_parameters()]
+        assert optimizer.local_epoch == 1 and any(not torch.equal(a, b) for a, b in zip(after, before))
+        expected = {0: before, 1: after}[metadata["epoch"]]
+        assert all(torch.equal(tensor, param) for tensor, param in zip(tensors, expected)), (
+            f"the parameters served as epoch {metadata['epoch']} are not that epoch's"
+        )
+        assert metadata["diloco"]["round_steps"] == {0: H - 1, 1: 0}[metadata["epoch"]]
+    finally:
+        optimizer.shutdown()
+
+
+def _outer_state(optimizer) -> list:
+    params = optimizer._outer_parameters()
+    state = optimizer.state_averager.optimizer.state
+    return [p.detach().clone() for p in params] + [state[p]["momentum_buffer"].clone() for p in params]
+
+
+def _round_together(peers, seeds):
+    """H - 1 inner steps each, then (once they see each other) the last one at once: one outer round together."""
+    for peer in peers:
+        _train(*peer[:3], seeds[:-1])
+    _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+    threads = [threading.Thread(target=_train, args=(*peer[:3], seeds[-1:])) for peer in peers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+
+def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before_the_step(dht, tmp_path):
+    import hivemind
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    first = _peer(dht, tmp_path, "diloco-check")
+    second = None
+    try:
+        _train(*first[:3], range(2 * H))  # alone: two outer steps, so its outer momentum is not zero
+        second = _peer(other_dht, tmp_path, "diloco-check", tracker_opts={"private_key": RSAPrivateKey()})
+        second[2].load_state_from_peers()
+        assert second[2].local_epoch == first[2].local_epoch == 2
+        for mine, donors in zip(_outer_state(second[2]), _outer_state(first[2])):
+            assert torch.equal(mine, donors)  # outer parameters and momentum, exactly
+        for param, outer in zip(second[2].state_averager.main_parameters, second[2]._outer_parameters()):
+            assert torch.equal(param.detach(), outer)  # the model starts from them
+
+        _round_together((first, second), list(range(2 * H, 3 * H)))  # first was apart (alone): they repair
+        assert all(peer[3].last("outer").outcome == "success" for peer in (first, second))
+        repairs = [peer[3].summary().counts["state", "success"] for peer in (first, second)]
+
+        # second's outer momentum goes off (as if it had taken another epoch's state): the next round notices
+        momentum = second[2].state_averager.optimizer.state
+        for param in second[2]._outer_parameters():
+            momentum[param]["momentum_buffer"].mul_(1.5)
+        assert second[2]._apart_from_swarm is False  # nobody stepped alone: only the fingerprints can tell
+        _round_together((first, second), list(range(3 * H, 4 * H)))
+        for peer, before in zip((first, second), repairs):
+            assert peer[3].last("outer").outcome == "success"
+            assert peer[3].summary().counts["state", "success"] == before + 1, "no repair"
+        for mine, theirs in zip(_outer_state(second[2]), _outer_state(first[2])):
+            assert float((mine - theirs).abs().max()) < 1e-6
+    finally:
+        first[2].shutdown()
+        if second is not None:
+            second[2].shutdown()
+        other_dht.shutdown()
+
+
+def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_path):
+    """hivemind keeps a peer's own values for the parts whose reducer failed and calls the round a success; the
+    outer averager says what did not arrive, and the peer steps on its own pseudo-gradient, apart (repaired later)."""
+    from concurrent.futures import Future
+
+    _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
+    try:
+        optimizer._alone = lambda: False
+
+        def partial_round(**kwargs):
+            control = Future()
+            control.set_result({"another-peer": [0, False, []], "swarmd.partial": 0.25})
+            return control
+
+        optimizer.outer_averager.step = partial_round
+        own = [torch.ones_like(param) for param in optimizer._outer_parameters()]
+        result, outcome, group_size, why, _ = optimizer._average(own, 8.0, 0)
+        assert (result, outcome, group_size) == (own, "local", 1)
+        assert "25.0% of the average did not arrive" in why, why
+    finally:
+        optimizer.shutdown()
+
+
 def _wait_for(condition, what: str, timeout: float = 30.0):
     import time
 
