@@ -96,8 +96,11 @@ def test_two_peers_take_exactly_the_diloco_steps(daemons, test_tasks_env, tmp_pa
         float((alone["params"][k] - v).norm() / v.norm()) for k, v in reference["params"].items()
     )
     assert alone_error > 100 * TOLERANCE, alone_error
-    first_loss, last_loss = reference["losses"][0][start][0], reference["losses"][0][MAX_EPOCHS - 1][0]
-    assert last_loss < 0.7 * first_loss  # it learns: not a trivial trajectory
+    # it learns, not a trivial trajectory: the last outer step's losses against the frozen model's, on many batches
+    # (one batch's loss at the first trained step is too noisy: it failed whenever the swarm formed late)
+    frozen = [loss for epoch in range(start) for loss in reference["losses"][0][epoch]]
+    last = reference["losses"][0][MAX_EPOCHS - 1]
+    assert sum(last) / len(last) < 0.5 * sum(frozen) / len(frozen), (last, frozen)
     print(json.dumps({"first_trained_outer_step": start, "param_error": param_error, "alone_error": alone_error}))
 
 
@@ -230,12 +233,13 @@ def test_a_late_joiner_has_the_swarms_parameters_after_its_first_outer_step(daem
     assert "Took the swarm's state" in late.log, late.tail()
     for node in (first, second):
         node.wait_status(lambda s: s["local_epoch"] > epoch, timeout=60, what=f"epoch {epoch + 1}")
-    states = _assert_same_outer_state((first, second, late), epoch)
+    history = "\n".join(_outer_lines(node) for node in (first, second, late))  # for a failure's message
+    states = _assert_same_outer_state((first, second, late), epoch, history)
     # not equal by accident: the joiner's own initial parameters were far from these
     assert max(float((states["c"][k] - v).abs().max()) for k, v in _toy_init(test_tasks_env).items()) > 1e-3
 
 
-def _assert_same_outer_state(nodes, epoch: int) -> dict:
+def _assert_same_outer_state(nodes, epoch: int, history: str = "") -> dict:
     """The parameters and outer momentum in each node's checkpoint of `epoch` (taken right after the outer step)
     are the same; returns the parameters by node name."""
     checkpoints = {node.name: _checkpoint(node, epoch) for node in nodes}
@@ -243,12 +247,17 @@ def _assert_same_outer_state(nodes, epoch: int) -> dict:
     momentum = {name: _momentum_tensors(c) for name, c in checkpoints.items()}
     assert momentum[nodes[0].name] and any(float(m.abs().max()) > 0 for m in momentum[nodes[0].name])
     for node in nodes[1:]:
-        state = checkpoints[node.name].model_state
-        difference = max(float((state[k] - v).abs().max()) for k, v in reference.model_state.items())
-        assert difference < 1e-6, f"{node.name}'s parameters differ from {nodes[0].name}'s at epoch {epoch} by {difference}"
+        difference = _parameter_difference(reference, checkpoints[node.name])
+        assert difference < 1e-6, (
+            f"{node.name}'s parameters differ from {nodes[0].name}'s at epoch {epoch} by {difference}\n{history}"
+        )
         difference = max(float((m - r).abs().max()) for m, r in zip(momentum[node.name], momentum[nodes[0].name]))
-        assert difference < 1e-6, f"{node.name}'s outer momentum differs at epoch {epoch} by {difference}"
+        assert difference < 1e-6, f"{node.name}'s outer momentum differs at epoch {epoch} by {difference}\n{history}"
     return {name: c.model_state for name, c in checkpoints.items()}
+
+
+def _parameter_difference(reference, checkpoint) -> float:
+    return max(float((checkpoint.model_state[k] - v).abs().max()) for k, v in reference.model_state.items())
 
 
 def _momentum_tensors(checkpoint) -> list:

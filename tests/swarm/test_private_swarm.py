@@ -4,8 +4,9 @@ added to the list file and the insiders get SIGHUP, it joins them. Compatibility
 batch size differ from the swarm's (the toy model twice as wide; another target batch size) stop before they
 average anything, with exit code 2 and one line naming the difference. One scenario, to start peers only once.
 
-Three peers on the toy task at LR 0, slowed down so that they fit on two cores. All start at epoch 0, so the
-outsider is in step and tries to join the insiders' groups; it is slower, falls behind and asks for the state.
+Three peers on the toy task at LR 0, slowed down so that they fit on two cores. The outsider starts once the
+insiders train, so their state is on offer: it asks for it at start-up (swarm/initial_state.py) and is refused.
+All are at epoch 0 when they start training, so the outsider is in step and tries to join the insiders' groups.
 """
 
 import os
@@ -58,11 +59,12 @@ def test_outsiders_are_refused_until_listed_and_misfits_exit_2(daemons, test_tas
     # than the insiders, so that after trying to average with them in step it falls behind and asks for the state
     its_own = tmp_path / "outsiders_list.txt"
     its_own.write_text(f"{ids['alice']}\n{ids['bob']}\n")
+    insiders = (alice, bob)
+    for node in insiders:
+        node.wait_status(lambda s: s["state"] == "training", timeout=90, what="training")
     outsider = daemons("outsider", config(tmp_path, its_own, step_seconds=0.6), env=test_tasks_env,
                        state_dir=tmp_path / "outsider", extra_args=join_alice)
-    insiders = (alice, bob)
-    for node in (*insiders, outsider):
-        node.wait_status(lambda s: s["state"] == "training", timeout=90, what="training")
+    outsider.wait_status(lambda s: s["state"] == "training", timeout=90, what="training")
     (tmp_path / "start").touch()  # everyone at epoch 0: the outsider is in step and tries to join a group
     misfits = {  # they compare themselves with the swarm's peer records right after joining the DHT
         daemons("wider", config(tmp_path, hidden=64), env=test_tasks_env, extra_args=join_alice):
@@ -78,7 +80,12 @@ def test_outsiders_are_refused_until_listed_and_misfits_exit_2(daemons, test_tas
         refusals = [status["refusals"] for status in statuses]
         return all(sum(r[where] for r in refusals) for where in ("dht_records", "join_group", "download_state"))
 
-    alice.wait_status(refused_everywhere, timeout=60, what="the outsider's records, join and download refused")
+    try:
+        alice.wait_status(refused_everywhere, timeout=60, what="the outsider's records, join and download refused")
+    except AssertionError as e:  # say which part is missing: the full logs are printed below, but may be cut
+        seen = {node.name: (node.status()["refusals"], groups(node.status())) for node in insiders}
+        asked = [line[11:] for line in outsider.log.splitlines() if "ownload" in line or "veraging" in line]
+        raise AssertionError(f"insiders' refusals and groups: {seen}; the outsider: {asked[-6:]}\n{e}") from None
     for node in insiders:
         status = node.status()
         assert status["allowed_peers"] == 1, status["allowed_peers"]
