@@ -120,3 +120,63 @@ def _expected_update(model, batches):
 def _relative_error(actual, expected):
     diff = torch.cat([(a - e).flatten() for a, e in zip(actual, expected)]).norm()
     return float(diff / torch.cat([e.flatten() for e in expected]).norm())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_diloco_drops_the_bad_inner_step_and_its_outer_step_lands_on_the_inner_result(dht, tmp_path, precision):
+    """strategy diloco through the real TrainingWorker: the bad step is dropped (fp16 overflow or NaN), the inner
+    SGD steps on the two good batches in turn, and with outer lr 1 and no momentum the lone outer step moves the
+    outer parameters exactly onto the inner result (the pseudo-gradient is outer minus local, fp32 on the host)."""
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.worker.stats import WorkerStats
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+    config = SwarmdConfig.model_validate(
+        {
+            "run_id": f"precision-diloco-{precision}",
+            "swarm": {
+                "strategy": "diloco",
+                "matchmaking_time": 1.0,
+                "diloco": {"inner_steps": 2, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False,
+                           "max_straggler_wait": 0.0},
+            },
+            "training": {"precision": precision, "batch_size": BATCH},
+        }
+    )
+    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
+    model = task.build_model()
+    start = copy.deepcopy(model)
+    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
+    try:
+        worker = TrainingWorker(
+            task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
+            stats=WorkerStats(), averaging_log=optimizer.averaging_log, device=torch.device("cpu"), data_seed=0,
+        )
+        a, b = _batch(1), _batch(2)
+        bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
+        for batch in (a, bad, b):
+            worker._step(batch)
+        assert optimizer.local_epoch == 1, "no outer step after two good inner steps"
+        assert optimizer.averaging_log.last("outer").outcome == "local"  # alone: its own pseudo-gradient
+
+        reference = copy.deepcopy(start)
+        sgd = torch.optim.SGD(reference.parameters(), lr=LR)
+        for x, y in (a, b):
+            sgd.zero_grad()
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+            sgd.step()
+        expected = [p.detach() - p0.detach() for p, p0 in zip(reference.parameters(), start.parameters())]
+        actual = [p.detach() - p0.detach() for p, p0 in zip(model.parameters(), start.parameters())]
+        error = _relative_error(actual, expected)
+        tolerance = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}[precision]
+        assert error < tolerance, f"diloco {precision}: update off by {error:.3g} (relative)"
+        outer = [p.detach() for p in optimizer._outer_parameters()]
+        main = [p.detach() for p in optimizer.state_averager.main_parameters]
+        assert all(torch.equal(o, m) for o, m in zip(outer, main))  # the model took the outer parameters
+        if precision == "fp16":
+            assert worker.precision.loss_scale() < 65536.0  # the overflow lowered the scale
+        else:
+            assert worker.stats.nonfinite_steps_total == 1
+    finally:
+        optimizer.shutdown()
