@@ -51,11 +51,6 @@ def _batch(seed: int, scale: float = 0.1):
     ],
 )
 def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision, reuse, dpu):
-    from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
-    from swarmd.worker.stats import WorkerStats
-    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
-
     config = SwarmdConfig.model_validate(
         {
             "run_id": f"precision-{precision}-{reuse}-{dpu}",
@@ -69,16 +64,8 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
             "training": {"precision": precision, "batch_size": BATCH},
         }
     )
-    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
-    model = task.build_model()
-    start = copy.deepcopy(model)
-    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
+    model, start, optimizer, worker = _worker(dht, tmp_path, config)
     try:
-        log = optimizer.averaging_log
-        worker = TrainingWorker(
-            task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
-            stats=WorkerStats(), averaging_log=log, device=torch.device("cpu"), data_seed=0,
-        )
         a, b, c = _batch(1), _batch(2), _batch(3)
         # fp16: large inputs overflow the scaled fp16 gradients while the loss itself stays finite
         bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
@@ -107,6 +94,25 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
         optimizer.shutdown()
 
 
+def _worker(dht, tmp_path, config):
+    """(model, a copy of its start, the swarm optimizer, the real TrainingWorker) for `config` on one in-process peer."""
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.worker.stats import WorkerStats
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+    precision = config.training.precision
+    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
+    model = task.build_model()
+    start = copy.deepcopy(model)
+    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
+    worker = TrainingWorker(
+        task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
+        stats=WorkerStats(), averaging_log=optimizer.averaging_log, device=torch.device("cpu"), data_seed=0,
+    )
+    return model, start, optimizer, worker
+
+
 def _expected_update(model, batches):
     grads = None
     for x, y in batches:
@@ -127,11 +133,6 @@ def test_diloco_drops_the_bad_inner_step_and_its_outer_step_lands_on_the_inner_r
     """strategy diloco through the real TrainingWorker: the bad step is dropped (fp16 overflow or NaN), the inner
     SGD steps on the two good batches in turn, and with outer lr 1 and no momentum the lone outer step moves the
     outer parameters exactly onto the inner result (the pseudo-gradient is outer minus local, fp32 on the host)."""
-    from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
-    from swarmd.worker.stats import WorkerStats
-    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
-
     config = SwarmdConfig.model_validate(
         {
             "run_id": f"precision-diloco-{precision}",
@@ -144,15 +145,8 @@ def test_diloco_drops_the_bad_inner_step_and_its_outer_step_lands_on_the_inner_r
             "training": {"precision": precision, "batch_size": BATCH},
         }
     )
-    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
-    model = task.build_model()
-    start = copy.deepcopy(model)
-    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
+    model, start, optimizer, worker = _worker(dht, tmp_path, config)
     try:
-        worker = TrainingWorker(
-            task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
-            stats=WorkerStats(), averaging_log=optimizer.averaging_log, device=torch.device("cpu"), data_seed=0,
-        )
         a, b = _batch(1), _batch(2)
         bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
         for batch in (a, bad, b):
