@@ -16,6 +16,7 @@ from swarmd.tasks.base import StepOutput, Task, TaskContext
 
 LR = 0.5
 BATCH = 8
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}  # relative error of the update against fp32's
 
 
 class _Linear(Task):
@@ -84,12 +85,8 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
         expected = _expected_update(start, contributed)
         actual = [p.detach() - p0.detach() for p, p0 in zip(model.parameters(), start.parameters())]
         error = _relative_error(actual, expected)
-        tolerance = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}[precision]
-        assert error < tolerance, f"{precision}, reuse={reuse}: update off by {error:.3g} (relative)"
-        if precision == "fp16":
-            assert worker.precision.loss_scale() < 65536.0  # the overflow lowered the scale
-        else:
-            assert worker.stats.nonfinite_steps_total == 1
+        assert error < TOLERANCE[precision], f"{precision}, reuse={reuse}: update off by {error:.3g} (relative)"
+        _assert_the_bad_step_was_dropped(precision, worker)
     finally:
         optimizer.shutdown()
 
@@ -111,6 +108,13 @@ def _worker(dht, tmp_path, config):
         stats=WorkerStats(), averaging_log=optimizer.averaging_log, device=torch.device("cpu"), data_seed=0,
     )
     return model, start, optimizer, worker
+
+
+def _assert_the_bad_step_was_dropped(precision: str, worker) -> None:
+    if precision == "fp16":
+        assert worker.precision.loss_scale() < 65536.0  # the overflow lowered the scale
+    else:
+        assert worker.stats.nonfinite_steps_total == 1
 
 
 def _expected_update(model, batches):
@@ -163,14 +167,10 @@ def test_diloco_drops_the_bad_inner_step_and_its_outer_step_lands_on_the_inner_r
         expected = [p.detach() - p0.detach() for p, p0 in zip(reference.parameters(), start.parameters())]
         actual = [p.detach() - p0.detach() for p, p0 in zip(model.parameters(), start.parameters())]
         error = _relative_error(actual, expected)
-        tolerance = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}[precision]
-        assert error < tolerance, f"diloco {precision}: update off by {error:.3g} (relative)"
+        assert error < TOLERANCE[precision], f"diloco {precision}: update off by {error:.3g} (relative)"
         outer = [p.detach() for p in optimizer._outer_parameters()]
         main = [p.detach() for p in optimizer.state_averager.main_parameters]
         assert all(torch.equal(o, m) for o, m in zip(outer, main))  # the model took the outer parameters
-        if precision == "fp16":
-            assert worker.precision.loss_scale() < 65536.0  # the overflow lowered the scale
-        else:
-            assert worker.stats.nonfinite_steps_total == 1
+        _assert_the_bad_step_was_dropped(precision, worker)
     finally:
         optimizer.shutdown()
