@@ -281,7 +281,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         max_straggler_wait: float,
         average_state_every: int,
         grad_compression,
-        state_check_tolerance: float = 0.0,
+        state_check_tolerance: float,
         averaging_log: AveragingLog,
         guard_gradient_norm_ratio: float = 0.0,
         **kwargs,
@@ -502,7 +502,9 @@ class DiLoCoOptimizer(SwarmOptimizer):
         of the outer momentum (norms, not sums: a sum near 0 would make rounding look like a difference)."""
         params = self._outer_parameters()
         state = self.state_averager.optimizer.state
-        momentum = [state[param]["momentum_buffer"] for param in params if state.get(param, {}).get("momentum_buffer") is not None]
+        # .get: torch's optimizer state is a defaultdict, and an outer SGD without momentum keeps no buffer
+        momentum = [state.get(param, {}).get("momentum_buffer") for param in params]
+        momentum = [buffer for buffer in momentum if buffer is not None]
         fingerprint = []
         for tensors in (params, momentum):
             l1 = l2 = 0.0
