@@ -71,7 +71,9 @@ def test_two_peers_average_8bit_gradients_and_learn(daemons, test_tasks_env, tmp
         def trained_together(status) -> bool:
             seen.update({r["epoch"]: (r["outcome"], r["group_size"]) for r in status["recent_averaging"]
                          if r["kind"] == "gradients"})
-            return all(e in seen for e in range(start, start + TRAINED))
+            # an epoch's round is recorded during its last step, its mean loss just after: wait for both
+            last_loss_in = start + TRAINED - 1 in dict(status["loss_history"])
+            return all(e in seen for e in range(start, start + TRAINED)) and last_loss_in
 
         status = node.wait_status(trained_together, timeout=90, what=f"{TRAINED} trained epochs after epoch {start}")
         outcomes = {e: seen[e] for e in range(start, start + TRAINED)}
