@@ -154,6 +154,10 @@ class Daemon:
                 keep=self.config.checkpoint.keep,
             )
             checkpoint = await asyncio.to_thread(self.checkpointer.load_into_model, model)
+        from swarmd.swarm.initial_state import start_values
+
+        values = await asyncio.to_thread(start_values, model, checkpoint.epoch if checkpoint is not None else 0)
+        self.identity = dataclasses.replace(self.identity, start_values=values)
         model.to(device)
         self._check_stop()
         return task, model, device, checkpoint
@@ -286,6 +290,7 @@ class Daemon:
             threads=reserve_threads_for_worker(self.config.training.threads),
             save_checkpoint=save,
             resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
+            start_values=self.identity.start_values,
         )
         worker.start()
         return worker

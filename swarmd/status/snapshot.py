@@ -57,6 +57,7 @@ class Identity:
     visible_maddrs: tuple = ()
     device: Optional[str] = None
     compatibility: Optional[Mapping[str, Any]] = None  # swarm/compatibility.py fields, once the model is built
+    start_values: str = ""  # what this peer's parameters started from (swarm/initial_state.py), once built
 
     @classmethod
     def from_config(cls, config, started_at: float) -> "Identity":
@@ -198,6 +199,7 @@ class Snapshot:
     peer_records_rejected_total: int = 0
     reachable: str = "unknown"  # one of REACHABILITY_STATES
     compatibility: Optional[dict] = None  # what peers must agree on (swarm/compatibility.py), once the model is built
+    start_values: str = ""  # "<epoch>:<hash>" of the parameters this peer started training from (initial_state.py)
     incompatible_peers: tuple = ()  # ({peer_id, public_name, difference}, ...): records left out of `peers`
     # a private swarm (network.allowed_peers; swarm/private.py): None in an open swarm
     allowed_peers: Optional[int] = None  # peer ids on the list besides this peer
@@ -262,6 +264,7 @@ def build_snapshot(
         device=identity.device,
         visible_maddrs=tuple(identity.visible_maddrs),
         compatibility=dict(identity.compatibility) if identity.compatibility else None,
+        start_values=identity.start_values,
         state=state,
         phase=worker.phase if worker is not None else state,
         uptime_seconds=round(time.time() - identity.started_at, 3),

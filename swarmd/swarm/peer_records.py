@@ -1,6 +1,6 @@
 """Signed per-peer records in the DHT: who is in the swarm and what each peer is doing.
 
-Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v2"`, subkey =
+Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v3"`, subkey =
 its owner marker `[owner:<RSA public key>]`. Two hivemind validators guard the key on every node that stores or
 reads it:
 - `RSASignatureValidator`: a record whose subkey names a public key must be signed with the matching private key,
@@ -45,7 +45,7 @@ __all__ = [
     "common_target_batch_size",
 ]
 
-RECORD_FIELD = "swarmd_peers_v2"  # v2: the compatibility fields
+RECORD_FIELD = "swarmd_peers_v3"  # v2: the compatibility fields; v3: start_values
 _PEER_ID = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
 
 
@@ -74,6 +74,8 @@ class PeerRecord(BaseModel):
     model_fingerprint: constr(strict=True, max_length=64)
     strategy: constr(strict=True, max_length=16)
     inner_steps: conint(strict=True, ge=0)
+    # "<epoch>:<hash>" of the parameter values this peer started training from (swarm/initial_state.py); "" before
+    start_values: constr(strict=True, max_length=64)
     time: confloat(strict=True, allow_inf_nan=False)  # DHT time of publication
 
     class Config:
@@ -81,7 +83,7 @@ class PeerRecord(BaseModel):
 
 
 class PeerRecordsSchema(BaseModel):
-    swarmd_peers_v2: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
+    swarmd_peers_v3: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
 
 
 class PeerRecords:
@@ -146,6 +148,7 @@ def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any
         "model_fingerprint": str(compatibility.get("model_fingerprint", "")),
         "strategy": str(compatibility.get("strategy", "")),
         "inner_steps": int(compatibility.get("inner_steps", 0)),
+        "start_values": _clip(str(s.start_values or ""), 64),
         "time": float(get_dht_time() if now is None else now),
     }
     PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT

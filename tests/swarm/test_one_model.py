@@ -1,9 +1,10 @@
-"""One model per swarm: two peers of a run without `training.seed`, started together, train the same model.
+"""One model per swarm: two peers of a run, started together, train the same model.
 
-Both derive their initialisation seed from the run id (swarmd/seeds.py), and a trainer that finds another trainer
-level with it or ahead takes its state before the first step (swarm/initial_state.py). Before, each peer drew its
-own random seed and nobody downloaded anything at epoch 0, so the two peers trained different models until the first
-parameter averaging (10 epochs later by default).
+Without `training.seed` both derive their initialisation seed from the run id (swarmd/seeds.py): they build the same
+values, say so in their records (`start_values`), and neither downloads the other's state. With different seeds,
+the trainer that finds another trainer level with it and first in peer-id order takes its state before the first
+step (swarm/initial_state.py). Before, each peer drew its own random seed and nobody downloaded anything at epoch 0,
+so the two peers trained different models until the first parameter averaging (10 epochs later by default).
 
 The first global epoch runs at LR 0 (the toy task's `frozen_epochs`), so what each peer holds after the first global
 step is exactly what it started from, whatever the first gradient round did (a peer's very first step may be
@@ -11,14 +12,16 @@ averaged with nobody: the other is not in the swarm's progress until it reported
 checkpoints must be equal to each other and to the model the run id's seed builds.
 """
 
+import pytest
 import torch
 
 from daemons import peer_config
 
 BATCH = 16
+DOWNLOAD = "Downloading the swarm's state"
 
 
-def peer(tmp_path) -> dict:
+def peer(tmp_path, seed=None) -> dict:
     config = peer_config(
         task={"name": "toy-regression", "frozen_epochs": 1, "frozen_step_seconds": 0.2,
               "start_file": str(tmp_path / "start")},
@@ -30,21 +33,31 @@ def peer(tmp_path) -> dict:
         training={"batch_size": BATCH, "max_epochs": 1},
         checkpoint={"every_epochs": 1, "keep": 2},
     )
-    del config["training"]["seed"]  # the point of the test: no seed configured
+    if seed is None:
+        del config["training"]["seed"]  # the usual case: no seed configured, the run id's
+    else:
+        config["training"]["seed"] = seed
     return config
 
 
-def test_two_peers_without_a_seed_train_one_model(daemons, test_tasks_env, tmp_path):
-    first = daemons("a", peer(tmp_path), env=test_tasks_env)
-    second = daemons("b", peer(tmp_path), env=test_tasks_env, extra_args=first.joining_args())
-    for node in (first, second):
-        node.wait_status(lambda s: s["state"] == "training", timeout=120, what="training")
+@pytest.mark.parametrize("seeds", [(None, None), (1, 2)], ids=["the-run-ids-seed", "different-seeds"])
+def test_two_peers_started_together_train_one_model(daemons, test_tasks_env, tmp_path, seeds):
+    first = daemons("a", peer(tmp_path, seeds[0]), env=test_tasks_env)
+    second = daemons("b", peer(tmp_path, seeds[1]), env=test_tasks_env, extra_args=first.joining_args())
+    ids = [node.wait_status(lambda s: s["state"] == "training", timeout=120, what="training")["peer_id"]
+           for node in (first, second)]
     (tmp_path / "start").touch()  # both peers take their first batch now
     for node in (first, second):
         assert node.proc.wait(timeout=120) == 0, node.tail()  # training.max_epochs: 1
 
+    downloaded = [DOWNLOAD in node.log for node in (first, second)]
+    keeper = 0 if ids[0] < ids[1] else 1  # of two level peers, the first in peer-id order keeps its model
+    if seeds[0] == seeds[1]:
+        assert downloaded == [False, False], f"downloaded {downloaded}: the same start values need no download"
+    else:
+        assert downloaded[1 - keeper] and not downloaded[keeper], f"downloaded {downloaded}, keeper {keeper}"
     params = [_epoch_one_params(node) for node in (first, second)]
-    expected = _model_of_the_run(test_tasks_env, "test-run")
+    expected = _model_of_the_run(test_tasks_env, "test-run", seeds[keeper])
     for name, tensor in expected.items():
         assert torch.equal(params[0][name], params[1][name]), name
         assert torch.equal(params[0][name], tensor), name
@@ -58,7 +71,7 @@ def _epoch_one_params(node) -> dict:
     return checkpoint.model_state
 
 
-def _model_of_the_run(env, run_id: str) -> dict:
+def _model_of_the_run(env, run_id: str, seed) -> dict:
     import os
     import sys
 
@@ -70,5 +83,5 @@ def _model_of_the_run(env, run_id: str) -> dict:
     from swarmd_test_tasks.toy import ToyRegressionTask, ToySettings
 
     task = ToyRegressionTask(ToySettings(), TaskContext(None, torch.device("cpu"), "fp32", BATCH, 0))
-    seed_everything(init_seed(None, run_id))
+    seed_everything(init_seed(seed, run_id))
     return task.build_model().state_dict()

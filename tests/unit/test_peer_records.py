@@ -28,6 +28,7 @@ def snapshot(**changes):
         "samples_total": 1000, "loss": 2.25,
         "averaging": {"gradients": {"success": 4, "failed": 1, "skipped": 2}, "state": {"success": 3}},
         "uptime_seconds": 61.5, "client_mode": False, "auxiliary": False, "target_batch_size": 256,
+        "start_values": "0:" + "c" * 40,
     }
     return Snapshot(**{**base, **changes})
 
@@ -62,6 +63,7 @@ def test_a_peer_record_from_its_snapshot_is_accepted_when_signed_by_its_owner():
     assert record["averaging_success"] == 7 and record["averaging_failed"] == 1
     assert record["samples_per_second"] == 80.0 and isinstance(record["samples_per_second"], float)
     assert record["target_batch_size"] == 256 and record["state"] == "training"
+    assert record["start_values"] == "0:" + "c" * 40
     assert node.accepts(node.records.owner, record, node.records.signature)
     assert node.accepts(node.records.owner, None, node.records.signature)  # the goodbye
 
@@ -82,7 +84,7 @@ def test_nobody_can_write_under_another_peers_key():
     [
         {"local_epoch": "5"}, {"local_epoch": 5.0}, {"local_epoch": -1}, {"samples_per_second": 80},
         {"loss": float("nan")}, {"peer_id": "not a peer id!"}, {"public_name": ""}, {"public_name": "x" * 65},
-        {"client_mode": 1}, {"target_batch_size": 0}, {"unknown_field": 1},
+        {"client_mode": 1}, {"target_batch_size": 0}, {"unknown_field": 1}, {"start_values": "0:" + "f" * 63},
     ],
 )
 def test_malformed_records_are_refused(change):
