@@ -201,8 +201,9 @@ class SwarmConfig(StrictModel):
     )
     prescheduled_averaging: bool = Field(
         True,
-        description="Start matchmaking before the epoch ends so the round is ready in time. swarmd skips it while "
-        "the peer is alone (hivemind would matchmake forever and burn a CPU core).",
+        description="Start matchmaking before the epoch ends so the round is ready in time (sync: the gradient "
+        "round; diloco: the outer round, during the last inner steps). swarmd skips it while the peer is alone "
+        "(hivemind would matchmake forever and burn a CPU core).",
     )
     guard_gradient_norm_ratio: float = Field(
         10.0,

@@ -12,12 +12,18 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   the outer SGD (Nesterov, on the host copies that hivemind's state averager keeps) steps on it, and the result
   is copied into the model;
 - the round is triggered by this peer's own H steps, not by hivemind's target_batch_size: the progress tracker
-  only says the epoch, who is in the swarm, and when the slowest peer will be done (the straggler wait);
+  only says the epoch, who is in the swarm, and when the slowest peer will be done (the straggler wait); as
+  hivemind does for a synchronous gradient round, matchmaking begins during the round's last inner steps, once the
+  slowest peer is within matchmaking_time of its H-th, and the all-reduce waits for this peer's H-th step
+  (`swarm.prescheduled_averaging`);
 - a round that fails or times out, or a peer that is alone, steps on its OWN pseudo-gradient (AveragingLog
   ("outer", "local")); an average that is non-finite, implausibly large against this peer's own, or mixed with a
   peer of another outer step is rejected ("outer", "rejected") and the own pseudo-gradient used instead;
 - a peer that finds the swarm already past the round it just finished downloads the swarm's state (outer
-  parameters, outer momentum, inner optimizer state, and how far the swarm is into the round) instead;
+  parameters, outer momentum, inner optimizer state, and how far the swarm is into the round) instead; one that
+  finds the swarm moved on during two downloads in a row (a link too slow for the state: it would chase the swarm
+  forever) joins the swarm's current round instead, with nothing to contribute, and takes the swarm's outer state
+  from that round's state averaging, where its own weighs next to nothing;
 - parameters (with the outer momentum) are averaged only at the first outer step (peers started from different
   seeds become equal), at the first outer step with company after one on this peer's own pseudo-gradient (peers
   that were alone or failed a round together become equal again), and every `diloco.average_state_every` outer
@@ -34,6 +40,7 @@ from typing import Callable, Optional
 
 import torch
 from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
 from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
@@ -50,6 +57,10 @@ __all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
 logger = logging.getLogger(__name__)
 
 _OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_dict() adds to the inner state
+# A peer catching up by averaging weighs this much in the state round: the swarm's outer state, not its older one
+# (not 0: a group of such peers alone would divide by a zero total weight)
+_CATCHING_UP_WEIGHT = 1e-6
+_DOWNLOADS_BEFORE_CATCHING_UP = 2  # downloads in a row, each overtaken by the swarm, before averaging instead
 
 
 class _HoldsDownloadUntilApplied(DecentralizedAverager):
@@ -279,6 +290,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         outer_momentum: float,
         nesterov: bool,
         max_straggler_wait: float,
+        prescheduled_outer_rounds: bool,
         average_state_every: int,
         grad_compression,
         state_check_tolerance: float,
@@ -289,12 +301,19 @@ class DiLoCoOptimizer(SwarmOptimizer):
         param_groups = [dict(group, params=list(group["params"])) for group in params]
         self.inner_steps = inner_steps
         self.max_straggler_wait = max_straggler_wait
+        self.prescheduled_outer_rounds = prescheduled_outer_rounds
+        # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
+        self._scheduled_round: Optional[tuple[int, StepControl]] = None
+        self.prescheduled_rounds_total = 0  # outer rounds whose group was being formed when their H-th step came
         self.diloco_average_state_every = average_state_every
         self.state_check_tolerance = state_check_tolerance
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
         self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
         # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
         self._apart_from_swarm = False
+        self._downloads_since_outer_step = 0
+        # set while this peer's outer state is older than its epoch says (catching up by averaging): not served
+        self.catching_up = False
 
         def outer_optimizer(groups):
             # the task's group options (weight decay, ...) belong to the inner optimizer only
@@ -365,7 +384,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 loss = closure()
         if self._should_load_state_from_peers():
             logger.info("This peer is behind the swarm (epoch %d < %d)", self.local_epoch, self.tracker.global_epoch)
-            self.load_state_from_peers()
+            if self._downloads_since_outer_step >= _DOWNLOADS_BEFORE_CATCHING_UP and not self._alone():
+                self._catch_up_by_averaging()
+            else:
+                self.load_state_from_peers()
             return loss  # these gradients belong to parameters the swarm has moved past
 
         averager = self.state_averager
@@ -382,7 +404,60 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.tracker.report_local_progress(self.local_epoch, averager.round_steps * self.batch_size_per_step)
         if averager.round_steps >= self.inner_steps:
             self._outer_step()
+        else:
+            self._maybe_schedule_outer_round()
         return loss
+
+    # --- the outer round's matchmaking, begun before the round ends --------------------------------------------
+
+    def _maybe_schedule_outer_round(self) -> None:
+        """Begin matchmaking for this outer step once the slowest peer of the round is within matchmaking_time of
+        its H-th inner step, so that the group is formed when the round ends (a round that began matchmaking only
+        after the H-th step idled matchmaking_time every outer step: docs/PERFORMANCE.md section 9). The
+        all-reduce waits for the trigger that _average gives once the pseudo-gradient is in the averager."""
+        if self._scheduled_round is not None or not self.prescheduled_outer_rounds or self._alone():
+            return
+        now = get_dht_time()
+        slowest_done = self.tracker.global_progress.eta_next_epoch
+        if slowest_done - now > self.matchmaking_time:
+            return
+        epoch = self.local_epoch
+        # a client cannot lead a group: it waits to be taken in, as hivemind schedules a client's gradient round
+        scheduled_time = now + self.averaging_timeout / 2 if self.client_mode else max(slowest_done, now + self.matchmaking_time)
+        self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
+        control = self.outer_averager.step(
+            gather=self._gather(), scheduled_time=scheduled_time, weight=0.0, timeout=self.averaging_timeout,
+            require_trigger=True, wait=False,
+        )
+        self._scheduled_round = (epoch, control)
+        logger.debug("Outer step %d: matchmaking begins, the slowest peer is done in %.1f s", epoch, slowest_done - now)
+
+    def _take_scheduled_round(self, epoch: int) -> Optional[StepControl]:
+        """The pre-scheduled round of outer step `epoch`, still waiting for its trigger; None (and any other one
+        cancelled) if there is none: the round then begins its matchmaking now."""
+        scheduled, self._scheduled_round = self._scheduled_round, None
+        if scheduled is None:
+            return None
+        scheduled_epoch, control = scheduled
+        if scheduled_epoch == epoch and not control.done():
+            return control
+        self._cancel_round(control)
+        return None
+
+    def _cancel_scheduled_round(self) -> None:
+        scheduled, self._scheduled_round = self._scheduled_round, None
+        if scheduled is not None:
+            self._cancel_round(scheduled[1])
+
+    @staticmethod
+    def _cancel_round(control: StepControl) -> None:
+        if not control.done():
+            control.cancel()
+
+    def _gather(self) -> list:
+        """What this peer sends its group with the pseudo-gradient: its outer step, whether it stepped apart from the
+        swarm since it last averaged state, and its outer state's fingerprint (all fixed during the inner steps)."""
+        return [self.local_epoch, self._apart_from_swarm, self._state_fingerprint() if self.state_check_tolerance else []]
 
     # --- the outer step ----------------------------------------------------------------------------------------
 
@@ -411,7 +486,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         epoch = self.local_epoch
         self.tracker.publish_now()
         self.tracker.refresh_now()
-        self._wait_for_stragglers(epoch)
+        if self._scheduled_round is None:  # a pre-scheduled round's group is formed: waiting would only delay it
+            self._wait_for_stragglers(epoch)
         if self._swarm_moved_on(epoch):
             logger.warning(
                 "The swarm finished outer step %d without this peer (it is at %d): downloading its state",
@@ -450,15 +526,17 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if group_apart:
                 logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
             before = self.averaging_log.last("state")
+            weight = _CATCHING_UP_WEIGHT if self.catching_up else 1.0
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
                 wait_for_delayed_updates=True,
-                averaging_opts=dict(timeout=self.averaging_timeout),
+                averaging_opts=dict(timeout=self.averaging_timeout, weight=weight),
             )
             after = self._next_state_round(before)
             if after is not None and after.outcome == "success":
                 self._apart_from_swarm = False
+                self._set_catching_up(False)
             else:  # the repair round failed: still apart, so the next successful outer step repairs again
                 logger.warning("Averaging parameters and outer momentum at outer step %d did not succeed", epoch)
         self._apply_outer_step(pseudo_gradient)
@@ -472,6 +550,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
             # succeeds with company averages the outer state, or the peers would stay apart for good
             self._apart_from_swarm = True
+        self._downloads_since_outer_step = 0
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=self.local_epoch)
             self._should_check_synchronization_on_update = True
@@ -527,17 +606,24 @@ class DiLoCoOptimizer(SwarmOptimizer):
         state first: a member stepped apart from the swarm since it last averaged state, or the members' outer
         states differ; "" if it need not) for this round."""
         if self._alone():
+            self._cancel_scheduled_round()
             return own, "local", 1, "alone in the swarm", ""
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             for tensor, mine in zip(tensors, own):
                 tensor.copy_(mine)
-        control = None
+        control = self._take_scheduled_round(epoch)
         try:
-            # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
-            # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
-            self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
-            gather = [epoch, self._apart_from_swarm, self._state_fingerprint() if self.state_check_tolerance else []]
-            control = self.outer_averager.step(weight=weight, gather=gather, timeout=self.averaging_timeout, wait=False)
+            if control is None:
+                # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
+                # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
+                self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
+                control = self.outer_averager.step(
+                    weight=weight, gather=self._gather(), timeout=self.averaging_timeout, wait=False
+                )
+            else:  # its matchmaking began during the last inner steps; the pseudo-gradient is in the averager now
+                control.weight = weight
+                control.allow_allreduce()
+                self.prescheduled_rounds_total += 1
             gathered = control.result(self.averaging_timeout + self.matchmaking_time)
             if not gathered:
                 raise RuntimeError("the averaging round found no group")
@@ -594,6 +680,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def load_state_from_peers(self, **kwargs):
         """The swarm's outer parameters, outer momentum, inner optimizer state and round progress (bounded tries;
         raises StateLoadFailed). This peer then takes the rest of the swarm's round from the outer parameters."""
+        self._cancel_scheduled_round()  # a round of the epoch this peer leaves
+        self._downloads_since_outer_step += 1
         with self.tracker.pause_updates():
             self._download_state_bounded(**kwargs)
             # the tracker's view of the swarm may be older than the state that came: let it not send us back
@@ -602,6 +690,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 self.state_averager.state_sharing_priority = self.local_epoch
         self._round_samples = 0
         self._apart_from_swarm = False
+        self._set_catching_up(False)
         self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
         logger.info(
             "Took the swarm's state at outer step %d, %d inner steps into the round (inner step %d)",
@@ -609,6 +698,36 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self.state_averager.round_steps,
             self.state_averager.inner_step,
         )
+
+    def _catch_up_by_averaging(self) -> None:
+        """The swarm moves on faster than its state downloads (at 20 Mbit/s a 9M-parameter model's state takes
+        45-60 s, against outer steps of seconds: docs/PERFORMANCE.md section 9): another download would end behind
+        it again. Join the swarm's current outer step at its end, with nothing to contribute (weight 0); the group
+        then averages its outer state first (this peer says it is apart), with this peer's own weighing next to
+        nothing, and steps on the others' average: this peer ends the round with the swarm's outer state."""
+        epoch = self.tracker.global_epoch
+        logger.warning(
+            "The swarm moved on during %d state downloads in a row: joining its outer step %d (this peer's state is "
+            "from step %d) to take the swarm's outer state by averaging",
+            self._downloads_since_outer_step, epoch, self.local_epoch,
+        )
+        averager = self.state_averager
+        with averager.state_lock:
+            averager.local_epoch = epoch
+            averager.round_steps = self.inner_steps  # nothing to compute: the next step() joins the round's end
+            averager._update_scheduler()
+        self._round_samples = 0
+        self._apart_from_swarm = True
+        self._set_catching_up(True)
+        with self.tracker.pause_updates():
+            self.tracker.update_epoch(new_epoch=epoch)
+        self.tracker.restart_round(epoch, self.inner_steps * self.batch_size_per_step)
+
+    def _set_catching_up(self, catching_up: bool) -> None:
+        """While catching up, this peer's outer state is older than its epoch: nobody may download it."""
+        self.catching_up = catching_up
+        if not self.client_mode:
+            self.state_averager.allow_state_sharing = not catching_up
 
     def state_dict(self) -> dict:
         """The inner optimizer's state_dict, each parameter's entry holding its outer parameter and momentum too,
@@ -654,6 +773,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.state_averager.round_steps = int(round_steps)
 
     def shutdown(self):
+        self._cancel_scheduled_round()
         super().shutdown()
         self.outer_averager.shutdown()
 
@@ -694,6 +814,7 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         outer_momentum=diloco.outer_momentum,
         nesterov=diloco.nesterov,
         max_straggler_wait=diloco.max_straggler_wait,
+        prescheduled_outer_rounds=swarm.prescheduled_averaging,
         average_state_every=diloco.average_state_every,
         state_check_tolerance=diloco.state_check_tolerance,
         grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),

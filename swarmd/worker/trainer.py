@@ -102,6 +102,7 @@ class TrainingWorker:
         threads: int = 0,
         ranks=None,
         resume=None,
+        start_values: str = "",
     ):
         self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
@@ -120,6 +121,7 @@ class TrainingWorker:
                 settings.precision, model=model, device=self.device, reuse_grad_buffers=self.reuse_grad_buffers
             )
         )
+        self.start_values = start_values  # what the model started from (swarm/initial_state.py start_values)
         self.resume = resume  # worker/resume.py ResumePoint of the checkpoint the daemon resumed from, or None
         if resume is not None and self.precision is not None:
             self.precision.load_state_dict(resume.loss_scaler)
@@ -196,11 +198,26 @@ class TrainingWorker:
         self._take_backup()
 
     def _another_trainer_offers_its_state(self) -> bool:
-        from swarmd.swarm.initial_state import offered_states, should_take_swarm_state
+        from swarmd.swarm.initial_state import (
+            level_offers,
+            offered_states,
+            should_take_swarm_state,
+            start_values_of_peers,
+        )
 
         self.stats.begin("looking for the swarm's state", _SYNC_WAIT_SECONDS)
         offers = offered_states(self.optimizer, timeout=_SYNC_WAIT_SECONDS)
-        return should_take_swarm_state(self.optimizer.local_epoch, self.optimizer.dht.peer_id.to_base58(), offers)
+        epoch, peer_id = self.optimizer.local_epoch, self.optimizer.dht.peer_id.to_base58()
+        level = level_offers(epoch, peer_id, offers)
+        starts = {}
+        if level and self.start_values:
+            self.stats.begin("reading what the level peers started from", _SYNC_WAIT_SECONDS)
+            starts = start_values_of_peers(self.optimizer.dht, self.optimizer.run_id, level, timeout=_SYNC_WAIT_SECONDS)
+            same = [peer for peer in level if starts.get(peer) == self.start_values]
+            if same:
+                logger.info("%d level peer(s) started from this peer's parameter values: nothing to download from them",
+                            len(same))
+        return should_take_swarm_state(epoch, peer_id, offers, own_start=self.start_values, starts=starts)
 
     def _assist(self) -> None:
         """Auxiliary peers only help average; hivemind wants step() called regularly."""
@@ -362,6 +379,10 @@ class TrainingWorker:
         self._read_epoch_state()
         if self._stop.is_set():
             return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet
+        if getattr(self.optimizer, "catching_up", False):
+            # DiLoCo took the swarm's epoch ahead of its state (swarm/diloco.py _catch_up_by_averaging): the state
+            # is the swarm's only after this round; neither evaluate nor save it under this epoch's name
+            return
         every = self.task.eval_every_epochs
         if every and epoch % every == 0 and not self.auxiliary:
             self._evaluate(epoch)

@@ -376,3 +376,132 @@ def _wait_for(condition, what: str, timeout: float = 30.0):
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_round_ends(dht, tmp_path):
+    """Matchmaking begins before the H-th inner step (as hivemind pre-schedules a synchronous gradient round) and
+    the all-reduce waits for it: the round then averages the pseudo-gradients of the H-th step, exactly."""
+    import hivemind
+    from hivemind.averaging.control import AveragingStage
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    peers = [_peer(dht, tmp_path, "diloco-scheduled"),
+             _peer(other_dht, tmp_path, "diloco-scheduled", tracker_opts={"private_key": RSAPrivateKey()})]
+    reference = [_Reference(), _Reference()]
+    seeds = [list(range(H)), list(range(100, 100 + H))]
+    try:
+        for peer, ref, own in zip(peers, reference, seeds):
+            _train(*peer[:3], own[:-1])
+            ref.inner_steps(own[:-1])
+        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+
+        def scheduled(optimizer) -> bool:  # as step() does after each inner step
+            optimizer._maybe_schedule_outer_round()
+            return optimizer._scheduled_round is not None
+
+        # once each peer's view of the swarm says the slowest peer is within matchmaking_time of its H-th step
+        _wait_for(lambda: all(scheduled(peer[2]) for peer in peers), "the outer round to be scheduled")
+        controls = [peer[2]._scheduled_round[1] for peer in peers]
+        _wait_for(lambda: all(control.stage == AveragingStage.AWAITING_TRIGGER for control in controls),
+                  "the group to form before the H-th step")
+        threads = [threading.Thread(target=_train, args=(*peer[:3], own[-1:])) for peer, own in zip(peers, seeds)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        for peer in peers:
+            assert peer[3].last("outer").outcome == "success", peer[3].last("outer")
+            assert peer[2].prescheduled_rounds_total == 1 and peer[2]._scheduled_round is None
+        for ref, own in zip(reference, seeds):
+            ref.inner_steps(own[-1:])
+        # the first outer step also averages parameters (equal here: one initialisation), then steps on the average
+        average = [(a + b) / 2 for a, b in zip(reference[0].pseudo_gradient(), reference[1].pseudo_gradient())]
+        reference[0].outer_step(average)
+        for peer in peers:
+            assert _max_difference(peer[1], reference[0].model) < 1e-5
+    finally:
+        for peer in peers:
+            peer[2].shutdown()
+        other_dht.shutdown()
+
+
+def test_a_peer_the_swarm_outruns_during_its_downloads_catches_up_by_averaging(dht, tmp_path):
+    """On a link too slow for the state, every download ends with the swarm further on. After two downloads that
+    did, the peer joins the swarm's round with nothing to contribute; the round's state averaging gives it the
+    swarm's outer state (its own weighs next to nothing), and both step on the swarm's pseudo-gradient."""
+    import hivemind
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, "diloco-catch-up")
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        _train(*swarm[:3], [next(seeds) for _ in range(2 * H)])  # alone: two outer steps
+        joiner = _peer(other_dht, tmp_path, "diloco-catch-up", tracker_opts={"private_key": RSAPrivateKey()})
+        joiner[2].load_state_from_peers()
+        for _ in range(2):
+            # while the joiner "downloads", the swarm takes two outer steps (the joiner never comes: local ones)
+            _train(*swarm[:3], [next(seeds) for _ in range(2 * H)])
+            epoch = swarm[2].local_epoch
+            _wait_for(lambda: joiner[2].tracker.global_epoch == epoch, "the joiner to see the swarm's epoch")
+            _train(*joiner[:3], [next(seeds)])  # behind: a download the first time, catching up the second
+        assert joiner[3].summary().counts.get(("state", "success"), 0) == 0
+        assert joiner[2].catching_up and joiner[2].local_epoch == swarm[2].local_epoch == 6
+        assert not joiner[2].state_averager.allow_state_sharing  # its outer state is not its epoch's
+        assert _max_difference(joiner[1], swarm[1]) > 1e-3  # the joiner's state is the swarm's of 2 steps ago
+
+        # what the swarm alone would step to: its outer state, stepped on its own pseudo-gradient
+        round_seeds = [next(seeds) for _ in range(H)]
+        expected = _outer_step_alone(swarm, round_seeds)
+        _train(*swarm[:3], round_seeds[:-1])
+        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (swarm, joiner)), "the peers to meet")
+        threads = [threading.Thread(target=_train, args=(*swarm[:3], round_seeds[-1:])),
+                   threading.Thread(target=_train, args=(*joiner[:3], [next(seeds)]))]  # joins the round's end
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for peer in (swarm, joiner):
+            assert peer[3].last("outer").outcome == "success", peer[3].last("outer")
+            assert peer[3].last("state").outcome == "success", peer[3].last("state")
+        assert not joiner[2].catching_up and joiner[2].state_averager.allow_state_sharing
+        for mine, theirs, wanted in zip(_outer_state(joiner[2]), _outer_state(swarm[2]), expected):
+            assert float((mine - theirs).abs().max()) < 1e-6
+            assert float((theirs - wanted).abs().max()) < 1e-5  # the joiner's old state weighed next to nothing
+    finally:
+        swarm[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+
+
+def _outer_step_alone(peer, seeds) -> list:
+    """The outer parameters and momentum `peer` would have after its next round alone on `seeds` (its inner SGD
+    replayed on a copy of its model, then the outer Nesterov step on the pseudo-gradient)."""
+    import copy
+
+    _, model, optimizer, _ = peer
+    before = _outer_state(optimizer)
+    count = len(before) // 2
+    replay = copy.deepcopy(model)
+    first_step = optimizer.state_averager.inner_step
+    for index, seed in enumerate(seeds):
+        x, y = _batch(seed)
+        torch.nn.functional.mse_loss(replay(x), y).backward()
+        with torch.no_grad():
+            for param in replay.parameters():
+                param -= INNER_LR * _multiplier(first_step + index) * param.grad
+                param.grad = None
+    params = [p.clone().requires_grad_() for p in before[:count]]
+    outer = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+    name_of = {id(param): name for name, param in model.named_parameters()}
+    replayed = dict(replay.named_parameters())
+    local_params = [replayed[name_of[id(param)]] for param in optimizer.state_averager.main_parameters]
+    for param, outer_param, momentum, local in zip(params, before[:count], before[count:], local_params):
+        param.grad = outer_param - local.detach()
+        outer.state[param]["momentum_buffer"] = momentum.clone()
+    outer.step()
+    return [p.detach() for p in params] + [outer.state[p]["momentum_buffer"] for p in params]
