@@ -305,6 +305,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
         self._scheduled_round: Optional[tuple[int, StepControl]] = None
         self.prescheduled_rounds_total = 0  # outer rounds whose group was being formed when their H-th step came
+        self._eta_refreshed_at_epoch: Optional[int] = None
         self.diloco_average_state_every = average_state_every
         self.state_check_tolerance = state_check_tolerance
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
@@ -417,11 +418,19 @@ class DiLoCoOptimizer(SwarmOptimizer):
         all-reduce waits for the trigger that _average gives once the pseudo-gradient is in the averager."""
         if self._scheduled_round is not None or not self.prescheduled_outer_rounds or self._alone():
             return
+        epoch = self.local_epoch
+        if self._eta_refreshed_at_epoch != epoch:
+            # The swarm's ETA is as old as the tracker's last fetch, which comes when that ETA said the round would
+            # end: one fetch early in the round with a low samples/s missed the window (half the rounds, measured
+            # on loopback). Fetch afresh once this peer's own round is within matchmaking_time of its end.
+            own_left = (self.inner_steps - self.round_steps) * self.batch_size_per_step
+            if own_left / max(self.tracker.performance_ema.samples_per_second, 1e-9) <= self.matchmaking_time:
+                self._eta_refreshed_at_epoch = epoch
+                self.tracker.refresh_now()
         now = get_dht_time()
         slowest_done = self.tracker.global_progress.eta_next_epoch
         if slowest_done - now > self.matchmaking_time:
             return
-        epoch = self.local_epoch
         # a client cannot lead a group: it waits to be taken in, as hivemind schedules a client's gradient round
         scheduled_time = now + self.averaging_timeout / 2 if self.client_mode else max(slowest_done, now + self.matchmaking_time)
         self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
