@@ -432,7 +432,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if slowest_done - now > self.matchmaking_time:
             return
         # a client cannot lead a group: it waits to be taken in, as hivemind schedules a client's gradient round
-        scheduled_time = now + self.averaging_timeout / 2 if self.client_mode else max(slowest_done, now + self.matchmaking_time)
+        if self.client_mode:
+            scheduled_time = now + self.averaging_timeout / 2
+        else:
+            scheduled_time = max(slowest_done, now + self.matchmaking_time)
         self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
         control = self.outer_averager.step(
             gather=self._gather(), scheduled_time=scheduled_time, weight=0.0, timeout=self.averaging_timeout,
@@ -466,7 +469,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def _gather(self) -> list:
         """What this peer sends its group with the pseudo-gradient: its outer step, whether it stepped apart from the
         swarm since it last averaged state, and its outer state's fingerprint (all fixed during the inner steps)."""
-        return [self.local_epoch, self._apart_from_swarm, self._state_fingerprint() if self.state_check_tolerance else []]
+        fingerprint = self._state_fingerprint() if self.state_check_tolerance else []
+        return [self.local_epoch, self._apart_from_swarm, fingerprint]
 
     # --- the outer step ----------------------------------------------------------------------------------------
 
@@ -714,6 +718,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         it again. Join the swarm's current outer step at its end, with nothing to contribute (weight 0); the group
         then averages its outer state first (this peer says it is apart), with this peer's own weighing next to
         nothing, and steps on the others' average: this peer ends the round with the swarm's outer state."""
+        self._cancel_scheduled_round()  # a round of the epoch this peer leaves
         epoch = self.tracker.global_epoch
         logger.warning(
             "The swarm moved on during %d state downloads in a row: joining its outer step %d (this peer's state is "
