@@ -182,3 +182,41 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
     assert seen["training_step"][0] == "computing" and seen["training_step"][2] is None
     assert seen["step"][0] == "optimizer step"
     assert seen["step"][2] == pytest.approx(1 + 3 * 3 + download)  # matchmaking + 3 averaging rounds + a download
+
+
+def test_a_diloco_peer_catching_up_neither_evaluates_nor_checkpoints_under_the_epoch_it_took():
+    """swarm/diloco.py _catch_up_by_averaging takes the swarm's epoch before its state is the swarm's: the epoch's
+    checkpoint and evaluation wait for the epoch after the repairing round."""
+    import torch
+
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+    config = load_config(None, environ={}, assignments=["checkpoint.every_epochs=1"])
+    model = torch.nn.Linear(2, 1)
+    saved, evaluated = [], []
+
+    class Task:
+        context = SimpleNamespace(device=torch.device("cpu"))
+        eval_every_epochs = 1
+
+        def set_epoch(self, epoch):
+            pass
+
+        def evaluate(self, model):
+            evaluated.append(optimizer.local_epoch)
+            return {}
+
+    optimizer = SimpleNamespace(
+        local_epoch=0, catching_up=False, param_groups=[{"lr": 0.1}], state_loads_total=0,
+        state_averager=SimpleNamespace(offload_optimizer=False, main_parameters=list(model.parameters())),
+    )
+    worker = TrainingWorker(
+        task=Task(), model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
+        stats=WorkerStats(), averaging_log=None, device=torch.device("cpu"), data_seed=0,
+        save_checkpoint=lambda: saved.append(optimizer.local_epoch),
+    )
+    optimizer.local_epoch, optimizer.catching_up = 7, True  # took the swarm's epoch 7, its state is older
+    worker._on_new_epoch(3)
+    optimizer.local_epoch, optimizer.catching_up = 8, False  # the round repaired it and stepped
+    worker._on_new_epoch(7)
+    assert saved == [8] and evaluated == [8]
