@@ -21,6 +21,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "FIELDS",
     "model_fingerprint",
+    "parameter_digest",
     "compatibility_of",
     "compatibility_of_record",
     "difference",
@@ -34,12 +35,22 @@ FIELDS = ("protocol", "task", "parameters", "model_fingerprint", "target_batch_s
 
 def model_fingerprint(model) -> tuple[str, int]:
     """(a hash over the parameters' names, shapes and dtypes, the parameter count) of a torch module."""
+    count = sum(parameter.numel() for parameter in model.parameters())
+    return parameter_digest(model).hexdigest()[:32], count
+
+
+def parameter_digest(model, *, values: bool = False):
+    """sha256 over each parameter's name, shape and dtype, and with `values` its bytes too (read on the host):
+    the model's architecture, or the very values it holds (swarm/initial_state.py start_values)."""
+    if values:
+        import torch  # for the bytes only: this module otherwise needs no torch (the model is passed in)
     digest = hashlib.sha256()
-    count = 0
     for name, parameter in model.named_parameters():
         digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype}\n".encode())
-        count += parameter.numel()
-    return digest.hexdigest()[:32], count
+        if values:
+            flat = parameter.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest
 
 
 def compatibility_of(config, model) -> dict[str, Any]:

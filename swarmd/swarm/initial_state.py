@@ -13,11 +13,14 @@ it started from (`start_values`, "<epoch>:<hash of the parameter values>", swarm
 does not count. That download is the parameters and the optimizer statistics, ~3x the model in fp32: on a 20 Mbit/s
 link 45-60 s for a 9M-parameter model, during which the other peer trains alone and the downloader falls epochs
 behind (docs/PERFORMANCE.md section 9).
+
+Known gap: a peer decides once, before its first step. A first peer that comes LATER in peer-id order than a
+second one starting a few seconds after it sees nothing on offer, keeps its own model, and the second, first in id
+order, keeps its own too: with different start values, two models until the first parameter averaging.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Mapping
@@ -31,12 +34,10 @@ def start_values(model, epoch: int) -> str:
     """"<epoch>:<hash>" of a module's parameter values (names, shapes, dtypes and bytes, on the host)."""
     import torch
 
-    digest = hashlib.sha256()
+    from swarmd.swarm.compatibility import parameter_digest
+
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype}\n".encode())
-            digest.update(parameter.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return f"{int(epoch)}:{digest.hexdigest()[:40]}"
+        return f"{int(epoch)}:{parameter_digest(model, values=True).hexdigest()[:40]}"
 
 
 def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
@@ -75,14 +76,15 @@ def level_offers(own_epoch: int, own_peer_id: str, offers: Mapping[str, float]) 
 def start_values_of_peers(dht, run_id: str, peers: list[str], *, timeout: float) -> dict[str, str]:
     """The `start_values` that `peers` published in their records: peer -> value, for those that published one
     within `timeout` (records come every few seconds, the first one just as a peer starts to train)."""
-    from swarmd.swarm.peer_records import RECORD_FIELD, parse_records
+    from swarmd.swarm.peer_records import PeerRecords
 
+    records = PeerRecords(run_id)
     deadline = time.monotonic() + timeout
     found: dict[str, str] = {}
     while True:
         try:
-            raw = dht.get(f"{run_id}_{RECORD_FIELD}", latest=True, return_future=True).result(timeout)
-            found = {peer["peer_id"]: peer["start_values"] for peer in parse_records(raw)[0] if peer["start_values"]}
+            raw = records.fetch(dht).result(timeout)
+            found = {peer["peer_id"]: peer["start_values"] for peer in records.parse(raw)[0] if peer["start_values"]}
         except Exception as e:  # noqa: BLE001 - unreadable records cost a download, not the start
             logger.debug("Could not read the peer records (%r)", e)
         if all(peer in found for peer in peers) or time.monotonic() >= deadline:
