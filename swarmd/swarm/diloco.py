@@ -313,8 +313,6 @@ class DiLoCoOptimizer(SwarmOptimizer):
         # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
         self._apart_from_swarm = False
         self._downloads_since_outer_step = 0
-        # set while this peer's outer state is older than its epoch says (catching up by averaging): not served
-        self.catching_up = False
 
         def outer_optimizer(groups):
             # the task's group options (weight decay, ...) belong to the inner optimizer only
@@ -436,11 +434,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             scheduled_time = now + self.averaging_timeout / 2
         else:
             scheduled_time = max(slowest_done, now + self.matchmaking_time)
-        self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
-        control = self.outer_averager.step(
-            gather=self._gather(), scheduled_time=scheduled_time, weight=0.0, timeout=self.averaging_timeout,
-            require_trigger=True, wait=False,
-        )
+        control = self._matchmake(epoch, weight=0.0, scheduled_time=scheduled_time, require_trigger=True)
         self._scheduled_round = (epoch, control)
         logger.debug("Outer step %d: matchmaking begins, the slowest peer is done in %.1f s", epoch, slowest_done - now)
 
@@ -466,11 +460,17 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if not control.done():
             control.cancel()
 
-    def _gather(self) -> list:
-        """What this peer sends its group with the pseudo-gradient: its outer step, whether it stepped apart from the
-        swarm since it last averaged state, and its outer state's fingerprint (all fixed during the inner steps)."""
+    def _matchmake(self, epoch: int, weight: float, **schedule) -> StepControl:
+        """Begin outer step `epoch`'s round. Its matchmaking keys carry the outer step, so peers of different steps
+        never form a group (hivemind's keys carry no epoch); the all-gather still checks it, for keys that wrap
+        around. What the group gathers: the outer step, whether this peer stepped apart from the swarm since it last
+        averaged state, and its outer state's fingerprint (all three fixed during the inner steps)."""
         fingerprint = self._state_fingerprint() if self.state_check_tolerance else []
-        return [self.local_epoch, self._apart_from_swarm, fingerprint]
+        self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
+        return self.outer_averager.step(
+            weight=weight, gather=[epoch, self._apart_from_swarm, fingerprint], timeout=self.averaging_timeout,
+            wait=False, **schedule,
+        )
 
     # --- the outer step ----------------------------------------------------------------------------------------
 
@@ -627,12 +627,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         control = self._take_scheduled_round(epoch)
         try:
             if control is None:
-                # Matchmaking keys carry the outer step, so peers of different steps never form a group (hivemind's
-                # keys carry no epoch); the all-gather still checks it, for keys that wrap around.
-                self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
-                control = self.outer_averager.step(
-                    weight=weight, gather=self._gather(), timeout=self.averaging_timeout, wait=False
-                )
+                control = self._matchmake(epoch, weight)
             else:  # its matchmaking began during the last inner steps; the pseudo-gradient is in the averager now
                 control.weight = weight
                 control.allow_allreduce()
@@ -738,7 +733,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.tracker.restart_round(epoch, self.inner_steps * self.batch_size_per_step)
 
     def _set_catching_up(self, catching_up: bool) -> None:
-        """While catching up, this peer's outer state is older than its epoch: nobody may download it."""
+        """While catching up, this peer's outer state is older than its epoch says: nobody may download it."""
         self.catching_up = catching_up
         if not self.client_mode:
             self.state_averager.allow_state_sharing = not catching_up
