@@ -184,6 +184,10 @@ def implausible_average(own: list, averaged: list, norm_ratio: float) -> str:
 
 
 class SwarmOptimizer(Optimizer):
+    # True while the peer holds the swarm's epoch ahead of its state (DiLoCo catching up by averaging, diloco.py):
+    # the worker then neither evaluates nor checkpoints under that epoch. Never for the sync strategy.
+    catching_up = False
+
     def __init__(
         self,
         *,

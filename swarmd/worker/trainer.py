@@ -379,7 +379,7 @@ class TrainingWorker:
         self._read_epoch_state()
         if self._stop.is_set():
             return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet
-        if getattr(self.optimizer, "catching_up", False):
+        if self.optimizer.catching_up:
             # DiLoCo took the swarm's epoch ahead of its state (swarm/diloco.py _catch_up_by_averaging): the state
             # is the swarm's only after this round; neither evaluate nor save it under this epoch's name
             return
