@@ -57,6 +57,8 @@ STRATEGIES = {
     "local": {"use_local_updates": True, "average_state_every": 5},
 }
 HIVEMIND_PROFILES = {"hivemind-defaults": "defaults", "hivemind-tuned": "tuned"}
+# diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo)
+DILOCO_STRATEGIES = ["diloco", "diloco-overlap"]
 QUICK = {"rates": [20.0], "epochs": 2, "repeats": 1}
 # turned into SystemExit, so that the finally clause removes the namespaces (SIGINT already raises)
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -70,7 +72,7 @@ def diloco_available() -> bool:
 
 
 def strategy_names(with_diloco: bool) -> list[str]:
-    return [*STRATEGIES, *(["diloco"] if with_diloco else []), *HIVEMIND_PROFILES]
+    return [*STRATEGIES, *(DILOCO_STRATEGIES if with_diloco else []), *HIVEMIND_PROFILES]
 
 
 def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -> argparse.Namespace:
@@ -84,6 +86,11 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
     parser.add_argument("--averaging-timeout", type=float, default=60.0)
     parser.add_argument("--diloco-inner-steps", type=int, default=16,
                         help="H; the outer step then covers H x batch x peers samples")
+    parser.add_argument("--diloco-overlap-steps", type=int, default=None,
+                        help="diloco-overlap: inner steps that run while the outer round does (swarm.diloco."
+                             "overlap_steps; default 3/8 of H); size it to the round's seconds x inner steps per "
+                             "second")
+    parser.add_argument("--diloco-overlap-mixing", type=float, default=0.5, help="swarm.diloco.overlap_mixing")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true",
                         help=f"one rate ({QUICK['rates'][0]:g} Mbit/s), {QUICK['epochs']} epochs, 1 repeat")
@@ -91,7 +98,7 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
     if args.quick:
         args.rates, args.epochs, args.repeats = list(QUICK["rates"]), QUICK["epochs"], QUICK["repeats"]
     unknown = [name for name in args.strategies if name not in names]
-    if "diloco" in unknown and not with_diloco:
+    if set(DILOCO_STRATEGIES) & set(unknown) and not with_diloco:
         parser.error("diloco: this build has no swarm.strategy (swarmd.config.schema.SwarmConfig); leave it out")
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {names}")
@@ -99,13 +106,17 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
         parser.error("--rates must be positive")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first epoch is warm-up)")
+    if args.diloco_overlap_steps is None:
+        args.diloco_overlap_steps = max(1, args.diloco_inner_steps * 3 // 8)
+    if "diloco-overlap" in args.strategies and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
+        parser.error("--diloco-overlap-steps must be between 1 and --diloco-inner-steps - 1")
     if args.target_batch_size % (BATCH * PEERS):
         parser.error(f"--target-batch-size must be a multiple of {BATCH * PEERS} (batch x peers)")
     return args
 
 
 def samples_per_epoch(strategy: str, args) -> int:
-    if strategy == "diloco":
+    if strategy in DILOCO_STRATEGIES:
         return args.diloco_inner_steps * BATCH * PEERS
     return args.target_batch_size
 
@@ -128,8 +139,11 @@ def swarm_section(strategy: str, args) -> dict:
         "averaging_timeout": args.averaging_timeout,
         "load_state_timeout": 300.0,
     }
-    if strategy == "diloco":
-        swarm.update(strategy="diloco", diloco={"inner_steps": args.diloco_inner_steps})
+    if strategy in DILOCO_STRATEGIES:
+        diloco = {"inner_steps": args.diloco_inner_steps}
+        if strategy == "diloco-overlap":
+            diloco.update(overlap_steps=args.diloco_overlap_steps, overlap_mixing=args.diloco_overlap_mixing)
+        swarm.update(strategy="diloco", diloco=diloco)
     elif strategy in STRATEGIES:
         swarm.update(STRATEGIES[strategy])
     else:

@@ -139,10 +139,33 @@ class DiLoCoConfig(StrictModel):
         "differ by far less than the default. 0: no check.",
     )
 
+    overlap_steps: int = Field(
+        0,
+        ge=0,
+        description="Streaming DiLoCo's overlap (tau; torchft's fragment_sync_delay): send the pseudo-gradient this "
+        "many inner steps before the H-th and keep computing while the swarm averages it; the outer step lands at "
+        "the H-th. Size it to the outer round's seconds x inner steps per second (status shows both) so that a slow "
+        "link costs no compute. 0: no overlap (the round runs after the H-th step, the peer waits for it).",
+    )
+    overlap_mixing: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="With overlap_steps: how much of this peer's own parameters stay in the model after the outer "
+        "step (torchft's fragment_update_alpha): model = outer + overlap_mixing x (own - outer). 0 drops the "
+        "progress of the overlapped steps, 1 keeps the own parameters and leaves the outer step to the next "
+        "pseudo-gradient.",
+    )
+
     @model_validator(mode="after")
-    def _check_nesterov(self) -> "DiLoCoConfig":
+    def _check_settings(self) -> "DiLoCoConfig":
         if self.nesterov and self.outer_momentum == 0:
             raise ValueError("nesterov needs outer_momentum above 0 (or nesterov: false)")
+        if self.overlap_steps >= self.inner_steps:
+            raise ValueError(
+                f"overlap_steps {self.overlap_steps} must be below inner_steps {self.inner_steps}: the pseudo-gradient "
+                "is sent that many steps before the round's end; lower overlap_steps or raise inner_steps"
+            )
         return self
 
 

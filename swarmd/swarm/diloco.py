@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -224,6 +225,7 @@ class _RoundProgressTracker(ThrottledProgressTracker):
     round in samples (H x batch), which assumes peers of one run use the same batch size (docs/DILOCO.md)."""
 
     other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
+    round_in_flight = False  # this peer sent its pseudo-gradient and takes its overlap steps (swarm.diloco)
 
     def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
         progress = super()._parse_swarm_progress_data(metadata)
@@ -245,8 +247,9 @@ class _RoundProgressTracker(ThrottledProgressTracker):
             if remaining > 0:
                 slowest = max(slowest, remaining / max(peer.samples_per_second, 1e-9))
         progress.eta_next_epoch = now + slowest
-        # while this peer waits for the others, look often; otherwise as upstream would
-        waiting = self.local_progress.samples_accumulated >= self.target_batch_size
+        # while this peer waits for the others, look often; otherwise as upstream would (also while its inner steps
+        # overlap the round it sent: nothing waits on the swarm's progress then)
+        waiting = self.local_progress.samples_accumulated >= self.target_batch_size and not self.round_in_flight
         refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
         progress.next_fetch_time = now + refresh
         self.other_peers = others
@@ -270,6 +273,20 @@ class _RoundProgressTracker(ThrottledProgressTracker):
         self._request_publication(urgent=True)
 
 
+@dataclass
+class _SentRound:
+    """An outer round this peer sent its pseudo-gradient to (or could not: `control` None, `why` says why)."""
+
+    epoch: int
+    own: list  # this peer's pseudo-gradient: what it steps on if the round fails
+    weight: float
+    started: float  # time.perf_counter() at the send
+    overlapped: bool  # sent before the H-th inner step: the model has moved on since
+    control: Optional[StepControl] = None
+    why: str = ""
+    finished: Optional[float] = None  # time.perf_counter() when the round's result came
+
+
 class DiLoCoOptimizer(SwarmOptimizer):
     _state_averager_type = _DiLoCoStateAverager
     # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
@@ -291,6 +308,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         nesterov: bool,
         max_straggler_wait: float,
         prescheduled_outer_rounds: bool,
+        overlap_steps: int,
+        overlap_mixing: float,
         average_state_every: int,
         grad_compression,
         state_check_tolerance: float,
@@ -300,6 +319,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
     ):
         param_groups = [dict(group, params=list(group["params"])) for group in params]
         self.inner_steps = inner_steps
+        # Streaming DiLoCo's overlap: the pseudo-gradient goes out at this inner step of the round, the outer step
+        # lands at the H-th (the same as H without overlap)
+        self.overlap_steps = overlap_steps
+        self.overlap_mixing = overlap_mixing
+        self._send_step = inner_steps - overlap_steps
+        self._sent_round: Optional[_SentRound] = None  # sent at the send step, in flight until the H-th
         self.max_straggler_wait = max_straggler_wait
         self.prescheduled_outer_rounds = prescheduled_outer_rounds
         # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
@@ -329,7 +354,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             optimizer=outer_optimizer,
             params=param_groups,
             scheduler=None,
-            target_batch_size=inner_steps * batch_size,
+            # the tracker's ETA is the slowest peer's time to its send step: the round's all-reduce starts there
+            target_batch_size=self._send_step * batch_size,
             batch_size_per_step=batch_size,
             use_local_updates=True,  # no hivemind gradient averager; this class averages pseudo-gradients itself
             offload_optimizer=True,  # the outer state lives on the host
@@ -390,9 +416,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
             return loss  # these gradients belong to parameters the swarm has moved past
 
         averager = self.state_averager
-        if averager.round_steps >= self.inner_steps:
-            # the state came from a peer that had finished its round: join that round before any inner step
-            self._outer_step()
+        if averager.round_steps >= self.inner_steps or (self._sent_round is None and averager.round_steps >= self._send_step):
+            # the state came this far into its round (from a peer that had finished its inner steps, a checkpoint,
+            # or catching up): that round's send or outer step comes before any inner step
+            self._round_point(came_with_state=True)
             return loss
         with averager.state_lock, averager.lock_optimizer:  # the inner state and round_steps are served together
             self.inner_optimizer.step()
@@ -401,11 +428,22 @@ class DiLoCoOptimizer(SwarmOptimizer):
             averager.parameters_version += 1  # the model's parameters moved: this peer's other ranks need them
         self._round_samples += batch_size
         self.tracker.report_local_progress(self.local_epoch, averager.round_steps * self.batch_size_per_step)
-        if averager.round_steps >= self.inner_steps:
-            self._outer_step()
+        if averager.round_steps >= self._send_step:
+            self._round_point(came_with_state=False)
         else:
             self._maybe_schedule_outer_round()
         return loss
+
+    def _round_point(self, came_with_state: bool) -> None:
+        """At the send step, send this peer's pseudo-gradient to the round (without overlap, the send step is the
+        H-th); at the H-th, the outer step on the round's result."""
+        if self._sent_round is None:
+            self._sent_round = self._send_round(came_with_state)
+            if self._sent_round is None:
+                return  # it downloaded the swarm's state instead
+        if self.round_steps >= self.inner_steps:
+            sent, self._sent_round = self._sent_round, None
+            self._finish_round(sent)
 
     # --- the outer round's matchmaking, begun before the round ends --------------------------------------------
 
@@ -421,7 +459,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # The swarm's ETA is as old as the tracker's last fetch, which comes when that ETA said the round would
             # end: one fetch early in the round with a low samples/s missed the window (half the rounds, measured
             # on loopback). Fetch afresh once this peer's own round is within matchmaking_time of its end.
-            own_left = (self.inner_steps - self.round_steps) * self.batch_size_per_step
+            own_left = (self._send_step - self.round_steps) * self.batch_size_per_step
             if own_left / max(self.tracker.performance_ema.samples_per_second, 1e-9) <= self.matchmaking_time:
                 self._eta_refreshed_at_epoch = epoch
                 self.tracker.refresh_now()
@@ -455,9 +493,18 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if scheduled is not None:
             self._cancel_round(scheduled[1])
 
+    def _leave_round(self) -> None:
+        """Cancel the rounds of the epoch this peer leaves (a download, catching up, shutdown): the one whose
+        matchmaking began and the one its pseudo-gradient went to (overlap)."""
+        self._cancel_scheduled_round()
+        sent, self._sent_round = self._sent_round, None
+        if sent is not None and sent.control is not None:
+            self._cancel_round(sent.control)
+        self.tracker.round_in_flight = False
+
     @staticmethod
-    def _cancel_round(control: StepControl) -> None:
-        if not control.done():
+    def _cancel_round(control: Optional[StepControl]) -> None:
+        if control is not None and not control.done():
             control.cancel()
 
     def _matchmake(self, epoch: int, weight: float, **schedule) -> StepControl:
@@ -495,36 +542,56 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def _swarm_moved_on(self, epoch: int) -> bool:
         return self.tracker.global_epoch > epoch and not self._alone()
 
-    def _outer_step(self) -> None:
+    def _send_round(self, came_with_state: bool) -> Optional[_SentRound]:
+        """Send this peer's pseudo-gradient to the round of its outer step; returns once the round is under way
+        (it runs in the averager's process). None if it downloaded the swarm's state instead."""
         epoch = self.local_epoch
+        overlapped = self.round_steps < self.inner_steps
+        if self.overlap_steps and came_with_state and not self.catching_up:
+            # it took (or restored) a state whose round had already sent its pseudo-gradients: there is no round
+            # left to join, and what it computes now belongs to no outer step; take the outer step's result
+            self._cancel_scheduled_round()
+            if self._wait_for_swarm_to_move_on(epoch):
+                self._skip_round(epoch, "this peer came into the round after its pseudo-gradients were sent")
+                return None
         self.tracker.publish_now()
         self.tracker.refresh_now()
         if self._scheduled_round is None:  # a pre-scheduled round's group is formed: waiting would only delay it
             self._wait_for_stragglers(epoch)
         if self._swarm_moved_on(epoch):
-            logger.warning(
-                "The swarm finished outer step %d without this peer (it is at %d): downloading its state",
-                epoch,
-                self.tracker.global_epoch,
-            )
-            self.averaging_log.record(
-                "outer", "skipped", group_size=1, duration=0.0, epoch=epoch,
-                error="the swarm finished this outer step without this peer",
-            )
-            self.load_state_from_peers()
-            return
+            self._skip_round(epoch, "the swarm finished this outer step without this peer")
+            return None
 
-        started = time.perf_counter()
-        own = self._pseudo_gradient()
-        weight = float(self._round_samples)
-        problem = implausible_average(own, own, 0.0)
-        if problem:
+        sent = _SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped)
+        if implausible_average(sent.own, sent.own, 0.0):
             # never send it: take part with weight 0, i.e. step on the others' average (or on nothing)
             logger.error("This peer's own pseudo-gradient is not finite: it contributes nothing to outer step %d", epoch)
-            for tensor in own:
+            for tensor in sent.own:
                 tensor.zero_()
-            weight = 0.0
-        pseudo_gradient, outcome, group_size, why, group_apart = self._average(own, weight, epoch)
+            sent.weight = 0.0
+        self._send(sent)
+        return sent
+
+    def _skip_round(self, epoch: int, why: str) -> None:
+        logger.warning("%s (outer step %d; the swarm is at %d): downloading its state", why, epoch, self.tracker.global_epoch)
+        self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
+        self.load_state_from_peers()
+
+    def _wait_for_swarm_to_move_on(self, epoch: int) -> bool:
+        """Wait (at most averaging_timeout, the round's own bound) until the swarm has finished outer step `epoch`;
+        False if it has not by then, or if this peer is alone."""
+        deadline = time.monotonic() + self.averaging_timeout
+        self.tracker.refresh_now()
+        while not self._swarm_moved_on(epoch):
+            if self._alone() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.25)
+        return True
+
+    def _finish_round(self, sent: _SentRound) -> None:
+        """The outer step on the round's result (or on this peer's own pseudo-gradient)."""
+        epoch, weight = sent.epoch, sent.weight
+        pseudo_gradient, outcome, group_size, why, group_apart = self._receive(sent)
         if outcome == "local" and weight == 0 and not self._alone():
             # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
             # and leave this peer apart from the swarm for good; take the swarm's result instead
@@ -532,6 +599,9 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
             self.load_state_from_peers()
             return
+        # overlap: the model took inner steps since it sent; keep a share of them (Streaming DiLoCo's mixing), but
+        # not of a state this peer only caught up to. Taken now: averaging the state writes the model too.
+        own_parameters = self._own_parameters() if sent.overlapped and not self.catching_up else None
         # Every peer of the group decides alike (the flags came with the round), so they average state together,
         # before the outer step and at this epoch: a peer that downloads the state meanwhile gets this epoch's,
         # finds the round over and downloads again, never a state from before the repair labelled as after it.
@@ -552,8 +622,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 self._set_catching_up(False)
             else:  # the repair round failed: still apart, so the next successful outer step repairs again
                 logger.warning("Averaging parameters and outer momentum at outer step %d did not succeed", epoch)
-        self._apply_outer_step(pseudo_gradient)
-        duration = time.perf_counter() - started
+        self._apply_outer_step(pseudo_gradient, own_parameters)
+        duration = (sent.finished or time.perf_counter()) - sent.started
         if outcome == "success":
             logger.info("Outer step %d: averaged pseudo-gradients with %d peers (%.2f s)", epoch, group_size, duration)
         else:
@@ -614,30 +684,47 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for outer, main in zip(self._outer_parameters(), self.state_averager.main_parameters)
         ]
 
-    def _average(self, own: list, weight: float, epoch: int) -> tuple[list, str, int, str, str]:
-        """(pseudo-gradient to step on, outcome, group size, why not averaged, why the group must average its outer
-        state first: a member stepped apart from the swarm since it last averaged state, or the members' outer
-        states differ; "" if it need not) for this round."""
+    def _send(self, sent: _SentRound) -> None:
+        """Put the pseudo-gradient into the outer averager and start (or trigger the pre-scheduled) round."""
         if self._alone():
             self._cancel_scheduled_round()
-            return own, "local", 1, "alone in the swarm", ""
+            sent.why = "alone in the swarm"
+            return
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
-            for tensor, mine in zip(tensors, own):
+            for tensor, mine in zip(tensors, sent.own):
                 tensor.copy_(mine)
-        control = self._take_scheduled_round(epoch)
+        control = self._take_scheduled_round(sent.epoch)
         try:
             if control is None:
-                control = self._matchmake(epoch, weight)
+                control = self._matchmake(sent.epoch, sent.weight)
             else:  # its matchmaking began during the last inner steps; the pseudo-gradient is in the averager now
-                control.weight = weight
+                control.weight = sent.weight
                 control.allow_allreduce()
                 self.prescheduled_rounds_total += 1
-            gathered = control.result(self.averaging_timeout + self.matchmaking_time)
+        except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
+            self._cancel_round(control)
+            sent.why = f"the round failed: {e!r}"
+            return
+        sent.control = control
+        control.add_done_callback(lambda _: setattr(sent, "finished", time.perf_counter()))
+        self.tracker.round_in_flight = sent.overlapped
+
+    def _receive(self, sent: _SentRound) -> tuple[list, str, int, str, str]:
+        """(pseudo-gradient to step on, outcome, group size, why not averaged, why the group must average its outer
+        state first: a member stepped apart from the swarm since it last averaged state, or the members' outer
+        states differ; "" if it need not) for the round sent."""
+        own, control, epoch = sent.own, sent.control, sent.epoch
+        self.tracker.round_in_flight = False
+        if control is None:
+            return own, "local", 1, sent.why, ""
+        try:
+            # the whole bound from the send: an overlapped round has had the overlap steps' time already
+            left = sent.started + self.averaging_timeout + self.matchmaking_time - time.perf_counter()
+            gathered = control.result(max(left, 0.0))
             if not gathered:
                 raise RuntimeError("the averaging round found no group")
         except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
-            if control is not None and not control.done():
-                control.cancel()
+            self._cancel_round(control)
             return own, "local", 1, f"the round failed: {e!r}", ""
         gathered = dict(gathered)
         missing = gathered.pop(_PARTIAL, 0.0)
@@ -666,7 +753,13 @@ class DiLoCoOptimizer(SwarmOptimizer):
         return ""
 
     @torch.no_grad()
-    def _apply_outer_step(self, pseudo_gradient: list) -> None:
+    def _own_parameters(self) -> list:
+        return [param.detach().clone() for param in self.state_averager.main_parameters]
+
+    @torch.no_grad()
+    def _apply_outer_step(self, pseudo_gradient: list, own_parameters: Optional[list] = None) -> None:
+        """The outer step; the new outer parameters become the model's, mixed with `own_parameters` (overlap) as
+        model = outer + overlap_mixing x (own - outer)."""
         averager = self.state_averager
         # a peer downloading the state meanwhile gets it whole and labelled with its epoch, before or after
         with averager.state_lock, averager.lock_optimizer, averager.lock_averaged_tensors:
@@ -676,6 +769,9 @@ class DiLoCoOptimizer(SwarmOptimizer):
             averager.local_epoch += 1
             averager.round_steps = 0
             averager._apply_optimizer_parameters_()  # the new outer parameters become the model's
+            if own_parameters is not None and self.overlap_mixing > 0:
+                for param, own in zip(averager.main_parameters, own_parameters):
+                    param.lerp_(own, self.overlap_mixing)
             averager._update_scheduler()
         self._round_samples = 0
 
@@ -688,7 +784,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def load_state_from_peers(self, **kwargs):
         """The swarm's outer parameters, outer momentum, inner optimizer state and round progress (bounded tries;
         raises StateLoadFailed). This peer then takes the rest of the swarm's round from the outer parameters."""
-        self._cancel_scheduled_round()  # a round of the epoch this peer leaves
+        self._leave_round()
         self._downloads_since_outer_step += 1
         with self.tracker.pause_updates():
             self._download_state_bounded(**kwargs)
@@ -713,7 +809,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         it again. Join the swarm's current outer step at its end, with nothing to contribute (weight 0); the group
         then averages its outer state first (this peer says it is apart), with this peer's own weighing next to
         nothing, and steps on the others' average: this peer ends the round with the swarm's outer state."""
-        self._cancel_scheduled_round()  # a round of the epoch this peer leaves
+        self._leave_round()
         epoch = self.tracker.global_epoch
         logger.warning(
             "The swarm moved on during %d state downloads in a row: joining its outer step %d (this peer's state is "
@@ -723,14 +819,15 @@ class DiLoCoOptimizer(SwarmOptimizer):
         averager = self.state_averager
         with averager.state_lock:
             averager.local_epoch = epoch
-            averager.round_steps = self.inner_steps  # nothing to compute: the next step() joins the round's end
+            # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
+            averager.round_steps = self._send_step
             averager._update_scheduler()
         self._round_samples = 0
         self._apart_from_swarm = True
         self._set_catching_up(True)
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=epoch)
-        self.tracker.restart_round(epoch, self.inner_steps * self.batch_size_per_step)
+        self.tracker.restart_round(epoch, self._send_step * self.batch_size_per_step)
 
     def _set_catching_up(self, catching_up: bool) -> None:
         """While catching up, this peer's outer state is older than its epoch says: nobody may download it."""
@@ -782,7 +879,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.state_averager.round_steps = int(round_steps)
 
     def shutdown(self):
-        self._cancel_scheduled_round()
+        self._leave_round()
         super().shutdown()
         self.outer_averager.shutdown()
 
@@ -823,6 +920,8 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         outer_momentum=diloco.outer_momentum,
         nesterov=diloco.nesterov,
         max_straggler_wait=diloco.max_straggler_wait,
+        overlap_steps=diloco.overlap_steps,
+        overlap_mixing=diloco.overlap_mixing,
         prescheduled_outer_rounds=swarm.prescheduled_averaging,
         average_state_every=diloco.average_state_every,
         state_check_tolerance=diloco.state_check_tolerance,

@@ -110,12 +110,14 @@ class _Reference:
         return [o.detach() - p.detach() for o, p in zip(self.outer_params, self.model.parameters())]
 
     @torch.no_grad()
-    def outer_step(self, pseudo_gradient):
+    def outer_step(self, pseudo_gradient, mixing: float = 0.0):
+        """The outer step; the model takes the outer parameters, or with overlap (torchft's lerp) keeps `mixing` of
+        its own: outer + mixing x (own - outer)."""
         for param, gradient in zip(self.outer_params, pseudo_gradient):
             param.grad = gradient.clone()
         self.outer.step()
         for param, outer in zip(self.model.parameters(), self.outer_params):
-            param.copy_(outer)
+            param.copy_(outer + mixing * (param - outer))
 
 
 def _max_difference(model, reference_model) -> float:
@@ -349,7 +351,10 @@ def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before
 def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_path):
     """hivemind keeps a peer's own values for the parts whose reducer failed and calls the round a success; the
     outer averager says what did not arrive, and the peer steps on its own pseudo-gradient, apart (repaired later)."""
+    import time
     from concurrent.futures import Future
+
+    from swarmd.swarm.diloco import _SentRound
 
     _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
     try:
@@ -362,7 +367,9 @@ def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_pat
 
         optimizer.outer_averager.step = partial_round
         own = [torch.ones_like(param) for param in optimizer._outer_parameters()]
-        result, outcome, group_size, why, _ = optimizer._average(own, 8.0, 0)
+        sent = _SentRound(0, own, 8.0, time.perf_counter(), overlapped=False)
+        optimizer._send(sent)
+        result, outcome, group_size, why, _ = optimizer._receive(sent)
         assert (result, outcome, group_size) == (own, "local", 1)
         assert "25.0% of the average did not arrive" in why, why
     finally:
@@ -505,3 +512,64 @@ def _outer_step_alone(peer, seeds) -> list:
         outer.state[param]["momentum_buffer"] = momentum.clone()
     outer.step()
     return [p.detach() for p in params] + [outer.state[p]["momentum_buffer"] for p in params]
+
+
+def test_an_overlapped_round_sends_before_the_round_ends_and_mixes_the_outer_step_into_the_later_steps(dht, tmp_path):
+    """Streaming DiLoCo's overlap (swarm.diloco.overlap_steps): the pseudo-gradient of inner step H - overlap goes
+    out, the peer keeps stepping while the swarm averages it, and at the H-th step the outer step on the average
+    lands, mixed with the peer's own parameters. Two peers, H=4, overlap 2, mixing 0.5, two outer steps, against
+    the textbook reference."""
+    import hivemind
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    inner_steps, overlap, mixing = 4, 2, 0.5
+    diloco = dict(inner_steps=inner_steps, overlap_steps=overlap, overlap_mixing=mixing, max_straggler_wait=1.0)
+    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    peers = [_peer(dht, tmp_path, "diloco-overlap", diloco=diloco),
+             _peer(other_dht, tmp_path, "diloco-overlap", diloco=diloco,
+                   tracker_opts={"private_key": RSAPrivateKey()})]
+    sent_at = [[], []]  # the inner step of the round at which each peer sent its pseudo-gradient
+    for peer, log in zip(peers, sent_at):
+        send = peer[2]._send_round
+
+        def recording_send(came_with_state, optimizer=peer[2], send=send, log=log):
+            log.append(optimizer.round_steps)
+            return send(came_with_state)
+
+        peer[2]._send_round = recording_send
+    seeds = [list(range(2 * inner_steps)), list(range(100, 100 + 2 * inner_steps))]
+    try:
+        for peer, own in zip(peers, seeds):
+            _train(*peer[:3], own[:1])  # reports progress: the peers see each other
+        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+        threads = [threading.Thread(target=_train, args=(*peer[:3], own[1:])) for peer, own in zip(peers, seeds)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+
+        for peer, log in zip(peers, sent_at):
+            assert peer[3].summary().counts["outer", "success"] == 2, peer[3].last("outer")
+            assert log == [inner_steps - overlap] * 2
+        reference = [_Reference(), _Reference()]
+        for start in (0, inner_steps):
+            sent = []
+            for ref, own in zip(reference, seeds):
+                ref.inner_steps(own[start : start + inner_steps - overlap])
+                sent.append(ref.pseudo_gradient())
+                ref.inner_steps(own[start + inner_steps - overlap : start + inner_steps])  # while the round runs
+            average = [(a + b) / 2 for a, b in zip(*sent)]
+            for ref in reference:
+                ref.outer_step(average, mixing)
+        for peer, ref in zip(peers, reference):
+            assert _max_difference(peer[1], ref.model) < 1e-5
+            position = {id(param): i for i, param in enumerate(peer[1].parameters())}  # groups may reorder them
+            for main, outer in zip(peer[2].state_averager.main_parameters, peer[2]._outer_parameters()):
+                expected = ref.outer_params[position[id(main)]]
+                assert float((outer - expected.detach()).abs().max()) < 1e-5
+        # the models keep half of their own last steps: they differ, while their outer parameters agree
+        assert _max_difference(peers[0][1], peers[1][1]) > 1e-4
+    finally:
+        for peer in peers:
+            peer[2].shutdown()
+        other_dht.shutdown()

@@ -12,6 +12,7 @@ def test_sync_is_the_default_and_diloco_has_the_papers_settings():
     diloco = load_config(environ={}, assignments=["swarm.strategy=diloco"]).swarm.diloco
     assert (diloco.inner_steps, diloco.outer_lr, diloco.outer_momentum, diloco.nesterov) == (500, 0.7, 0.9, True)
     assert diloco.average_state_every == 0  # parameter averaging off unless asked
+    assert diloco.overlap_steps == 0  # the round runs after the H-th step unless overlap is asked
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,9 @@ def test_sync_is_the_default_and_diloco_has_the_papers_settings():
         (["swarm.diloco.outer_momentum=0"], "swarm.diloco: nesterov needs outer_momentum above 0"),
         (["swarm.diloco.inner_steps=0"], "swarm.diloco.inner_steps: Input should be greater than or equal to 1"),
         (["swarm.diloco.outer_momentum=1"], "swarm.diloco.outer_momentum: Input should be less than 1"),
+        (["swarm.diloco.inner_steps=16", "swarm.diloco.overlap_steps=16"],
+         "swarm.diloco: overlap_steps 16 must be below inner_steps 16"),
+        (["swarm.diloco.overlap_mixing=1.5"], "swarm.diloco.overlap_mixing: Input should be less than or equal to 1"),
     ],
 )
 def test_contradictions_are_one_line_errors(assignments, expected):

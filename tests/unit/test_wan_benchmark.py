@@ -66,6 +66,20 @@ def test_diloco_budget_is_counted_in_samples_not_outer_steps():
     assert section["target_batch_size"] == 4096
 
 
+def test_the_overlap_row_is_diloco_with_overlap_steps_below_h(capsys):
+    from swarmd.config.schema import SwarmConfig
+
+    args = wan.parse_args(["--diloco-inner-steps", "64", "--diloco-overlap-steps", "24"], with_diloco=True)
+    section = wan.swarm_section("diloco-overlap", args)
+    assert section["diloco"] == {"inner_steps": 64, "overlap_steps": 24, "overlap_mixing": 0.5}
+    assert wan.budget_epochs("diloco-overlap", args) == wan.budget_epochs("diloco", args)
+    SwarmConfig.model_validate(section)  # what the peers are started with is a valid config
+    with pytest.raises(SystemExit):
+        wan.parse_args(["--strategies", "diloco-overlap", "--diloco-inner-steps", "16", "--diloco-overlap-steps", "16"],
+                       with_diloco=True)
+    assert "--diloco-overlap-steps must be between 1" in capsys.readouterr().err
+
+
 def test_hivemind_rows_train_the_sync_strategy_and_the_solo_peer_the_same_model():
     args = wan.parse_args([])
     assert wan.swarm_section("hivemind-tuned", args)["average_state_every"] == 10
