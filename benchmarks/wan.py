@@ -317,10 +317,10 @@ class Runner:
             first_id = make_identity(first_dir)
             join = ["--initial-peers", f"/ip4/{self.lab.address(0)}/tcp/{port}/p2p/{first_id}"]
             for index in range(peers_wanted):
-                cfg = config("sync" if rate is None else strategy, self.lab.address(index), port, self.data, self.args)
+                cfg = config(strategy, self.lab.address(index), port, self.data, self.args)
                 self.running.append(start_peer(strategy, index, self.lab, self.root / f"{tag}-p{index}", cfg,
                                                extra_args=join if index else ()))
-            result = measure(self.running, self.lab, "sync" if rate is None else strategy, self.args)
+            result = measure(self.running, self.lab, strategy, self.args)
             result["wall_s"] = time.monotonic() - started
             return result
         finally:
@@ -338,7 +338,14 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _median_rate(runs: list[dict]) -> float:
+    return statistics.median(r["rate"] for r in runs)
+
+
 def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[str]]:
+    """One row per variant. "vs own solo" divides a DiLoCo row by the lone DiLoCo peer's rate (solo-diloco: the
+    same inner steps, an optimizer step per batch, no company): what communication costs that strategy."""
+    solo_diloco_rate = _median_rate(results["solo-diloco"]) if "solo-diloco" in results else None
     rows = []
     for variant, runs in results.items():
         rate, _, strategy = variant.partition("/")
@@ -346,12 +353,14 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
         median_rate = statistics.median(rates)
         spread = f" [{min(rates):.0f}..{max(rates):.0f}]" if len(rates) > 1 else ""
         round_values = [r["round_s"] for r in runs if r["round_s"] is not None]
-        solo = variant == "solo"
+        solo = variant.startswith("solo")
+        own_solo_rate = solo_diloco_rate if (strategy in DILOCO_STRATEGIES or variant == "solo-diloco") else solo_rate
         rows.append([
             "-" if solo else rate,
-            "solo" if solo else strategy,
+            variant.replace("-", " ") if solo else strategy,
             f"{median_rate:.1f}{spread}",
             f"{median_rate / solo_rate:.2f}",
+            _fmt(median_rate / own_solo_rate if own_solo_rate else None, ".2f"),
             _fmt(statistics.median(round_values) if round_values else None, ".2f"),
             "-" if solo else runs[0]["rounds"],
             f"{statistics.median(r['epochs_per_min'] for r in runs):.1f}",
@@ -363,12 +372,12 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
     return rows
 
 
-HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "s/round", "rounds ok/failed", "epochs/min",
+HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "vs own solo", "s/round", "rounds ok/failed", "epochs/min",
           "MB sent/epoch/peer", "val loss", "samples", "wall s"]
 
 
 def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, command: str) -> None:
-    solo_rate = statistics.median(r["rate"] for r in results["solo"])
+    solo_rate = _median_rate(results["solo"])
     budget = args.epochs * args.target_batch_size
     print_table(
         f"Slow links: 4-stage micro Swin ({MODEL_PARAMETERS / 1e6:.2f}M params), batch {BATCH}, 1 thread per peer "
@@ -378,8 +387,10 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
         HEADER,
         table_rows(results, solo_rate),
     )
-    print("vs solo: per-peer samples/s over the solo peer's on the same core; s/round: median successful round "
-          "(gradient wait, or background parameter round with local updates); val loss at the end of the budget")
+    print("vs solo: per-peer samples/s over the solo peer's on the same core; vs own solo: diloco rows over a lone "
+          "diloco peer's (its inner optimizer steps every batch: what communication costs it); s/round: median "
+          "successful round (gradient wait, or background parameter round with local updates; diloco: from the "
+          "send to the result); val loss at the end of the budget")
     for rate in args.rates:
         print(f"fp16 gradient all-reduce on {rate:g} Mbit/s: {round_seconds_estimate(rate):.2f} s per round on the wire "
               f"({MODEL_PARAMETERS * WIRE_BYTES_PER_VALUE / 1e6:.1f} MB sent and received per peer)")
@@ -413,6 +424,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             prepare_data(data)
             runner = Runner(lab, root, data, args)
             variants = {"solo": lambda: runner.run("sync", None)}
+            if set(args.strategies) & set(DILOCO_STRATEGIES):
+                variants["solo-diloco"] = lambda: runner.run("diloco", None)
             for rate in args.rates:
                 for strategy in args.strategies:
                     variants[f"{rate:g}/{strategy}"] = lambda rate=rate, strategy=strategy: runner.run(strategy, rate)

@@ -285,6 +285,7 @@ class _SentRound:
     control: Optional[StepControl] = None
     why: str = ""
     finished: Optional[float] = None  # time.perf_counter() when the round's result came
+    waited: float = 0.0  # seconds the peer waited for the result (with overlap: what the overlap did not hide)
 
 
 class DiLoCoOptimizer(SwarmOptimizer):
@@ -625,7 +626,11 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._apply_outer_step(pseudo_gradient, own_parameters)
         duration = (sent.finished or time.perf_counter()) - sent.started
         if outcome == "success":
-            logger.info("Outer step %d: averaged pseudo-gradients with %d peers (%.2f s)", epoch, group_size, duration)
+            overlap = f", sent {self.overlap_steps} inner steps before its end" if sent.overlapped else ""
+            logger.info(
+                "Outer step %d: averaged pseudo-gradients with %d peers (%.2f s%s; waited %.2f s for it)",
+                epoch, group_size, duration, overlap, sent.waited,
+            )
         else:
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
         self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
@@ -717,15 +722,18 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.tracker.round_in_flight = False
         if control is None:
             return own, "local", 1, sent.why, ""
+        waiting_since = time.perf_counter()
         try:
             # the whole bound from the send: an overlapped round has had the overlap steps' time already
-            left = sent.started + self.averaging_timeout + self.matchmaking_time - time.perf_counter()
+            left = sent.started + self.averaging_timeout + self.matchmaking_time - waiting_since
             gathered = control.result(max(left, 0.0))
             if not gathered:
                 raise RuntimeError("the averaging round found no group")
         except BaseException as e:  # noqa: BLE001 - any failure of the round falls back to the own pseudo-gradient
             self._cancel_round(control)
             return own, "local", 1, f"the round failed: {e!r}", ""
+        finally:
+            sent.waited = time.perf_counter() - waiting_since
         gathered = dict(gathered)
         missing = gathered.pop(_PARTIAL, 0.0)
         if missing:

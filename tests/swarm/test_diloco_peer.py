@@ -573,3 +573,50 @@ def test_an_overlapped_round_sends_before_the_round_ends_and_mixes_the_outer_ste
         for peer in peers:
             peer[2].shutdown()
         other_dht.shutdown()
+
+
+def test_a_peer_that_took_a_state_past_the_send_step_downloads_the_outer_step_once_the_swarm_took_it(dht, tmp_path):
+    """With overlap, a round cannot be joined after its pseudo-gradients went out: a joiner whose downloaded state
+    is in the overlap steps waits until the swarm took that outer step, and downloads its result."""
+    import hivemind
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    diloco = dict(inner_steps=4, overlap_steps=2, max_straggler_wait=1.0)
+    dhts = [hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True) for _ in range(2)]
+    first = _peer(dht, tmp_path, "diloco-overlap-join", diloco=diloco)
+    second = _peer(dhts[0], tmp_path, "diloco-overlap-join", diloco=diloco, tracker_opts={"private_key": RSAPrivateKey()})
+    joiner = None
+    try:
+        for peer in (first, second):
+            _train(*peer[:3], [0])
+        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (first, second)), "the peers to see each other")
+        threads = [threading.Thread(target=_train, args=(*peer[:3], [1, 2])) for peer in (first, second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert all(peer[2]._sent_round is not None and peer[2].round_steps == 3 for peer in (first, second))
+
+        joiner = _peer(dhts[1], tmp_path, "diloco-overlap-join", diloco=diloco,
+                       tracker_opts={"private_key": RSAPrivateKey()})
+        joiner[2].load_state_from_peers()
+        assert (joiner[2].local_epoch, joiner[2].round_steps) == (0, 3)  # inside the overlap steps
+        _wait_for(lambda: joiner[2].tracker.other_peers == 2, "the joiner to see the swarm")
+        threads = [threading.Thread(target=_train, args=(*peer[:3], [3])) for peer in (first, second, joiner)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        assert [peer[3].last("outer").outcome for peer in (first, second)] == ["success", "success"]
+        skipped = joiner[3].last("outer")
+        assert skipped.outcome == "skipped" and "after its pseudo-gradients were sent" in skipped.error, skipped
+        assert joiner[2].local_epoch == first[2].local_epoch == 1
+        for mine, swarms in zip(_outer_state(joiner[2]), _outer_state(first[2])):
+            assert torch.equal(mine, swarms)  # the outer step's result, momentum included
+    finally:
+        for peer in (first, second, joiner):
+            if peer is not None:
+                peer[2].shutdown()
+        for node in dhts:
+            node.shutdown()

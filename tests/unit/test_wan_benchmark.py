@@ -162,10 +162,18 @@ def test_the_table_divides_by_the_solo_rate_measured_in_the_same_run():
     }
     rows = wan.table_rows(results, solo_rate=150.0)
     assert [row[:2] for row in rows] == [["-", "solo"], ["20", "sync"], ["1000", "local"]]
-    assert rows[0][3] == "1.00" and rows[0][4] == "-" and rows[0][7] == "-"
-    assert rows[1][2] == "75.0 [60..90]" and rows[1][3] == "0.50" and rows[1][4] == "7.50"
-    assert rows[1][7] == "18.2" and rows[2][8] == "1.500"
+    assert rows[0][3] == "1.00" and rows[0][5] == "-" and rows[0][8] == "-"
+    assert rows[1][2] == "75.0 [60..90]" and rows[1][3] == "0.50" and rows[1][4] == "0.50" and rows[1][5] == "7.50"
+    assert rows[1][8] == "18.2" and rows[2][9] == "1.500"
     assert all(len(row) == len(wan.HEADER) for row in rows)
+
+
+def test_diloco_rows_are_also_divided_by_a_lone_diloco_peers_rate():
+    results = {"solo": [_run(200.0)], "solo-diloco": [_run(160.0)], "20/diloco-overlap": [_run(120.0, 11.0)],
+               "20/sync": [_run(100.0, 9.0)]}
+    rows = wan.table_rows(results, solo_rate=200.0)
+    assert [row[:2] for row in rows] == [["-", "solo"], ["-", "solo diloco"], ["20", "diloco-overlap"], ["20", "sync"]]
+    assert [row[3:5] for row in rows] == [["1.00", "1.00"], ["0.80", "1.00"], ["0.60", "0.75"], ["0.50", "0.50"]]
 
 
 def test_the_report_says_when_diloco_is_left_out(capsys):
