@@ -16,6 +16,9 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   hivemind does for a synchronous gradient round, matchmaking begins during the round's last inner steps, once the
   slowest peer is within matchmaking_time of its H-th, and the all-reduce waits for this peer's H-th step
   (`swarm.prescheduled_averaging`);
+- with `overlap_steps` tau (Streaming DiLoCo's overlap, as torchft's fragment_sync_delay) the pseudo-gradient is
+  sent at inner step H - tau and the round runs while the last tau inner steps do; the outer step still lands at
+  the H-th, and the model then keeps `overlap_mixing` of its own parameters (torchft's fragment_update_alpha);
 - a round that fails or times out, or a peer that is alone, steps on its OWN pseudo-gradient (AveragingLog
   ("outer", "local")); an average that is non-finite, implausibly large against this peer's own, or mixed with a
   peer of another outer step is rejected ("outer", "rejected") and the own pseudo-gradient used instead;
@@ -222,7 +225,8 @@ class _DiLoCoStateAverager(_ObservedStateAverager, _HoldsDownloadUntilApplied):
 class _RoundProgressTracker(ThrottledProgressTracker):
     """The swarm's ETA is the SLOWEST peer's time to finish its round, not the swarm's summed samples against a
     target: a DiLoCo round ends when every peer has taken its own H steps. Its target_batch_size is this peer's
-    round in samples (H x batch), which assumes peers of one run use the same batch size (docs/DILOCO.md)."""
+    round up to its send step in samples ((H - overlap_steps) x batch), which assumes peers of one run use the same
+    batch size (docs/DILOCO.md)."""
 
     other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
     round_in_flight = False  # this peer sent its pseudo-gradient and takes its overlap steps (swarm.diloco)
@@ -417,7 +421,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             return loss  # these gradients belong to parameters the swarm has moved past
 
         averager = self.state_averager
-        if averager.round_steps >= self.inner_steps or (self._sent_round is None and averager.round_steps >= self._send_step):
+        send_due = self._sent_round is None and averager.round_steps >= self._send_step
+        if send_due or averager.round_steps >= self.inner_steps:
             # the state came this far into its round (from a peer that had finished its inner steps, a checkpoint,
             # or catching up): that round's send or outer step comes before any inner step
             self._round_point(came_with_state=True)
@@ -574,7 +579,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         return sent
 
     def _skip_round(self, epoch: int, why: str) -> None:
-        logger.warning("%s (outer step %d; the swarm is at %d): downloading its state", why, epoch, self.tracker.global_epoch)
+        logger.warning("%s (outer step %d, the swarm is at %d): downloading its state", why, epoch,
+                       self.tracker.global_epoch)
         self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
         self.load_state_from_peers()
 
