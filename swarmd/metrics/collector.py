@@ -102,6 +102,14 @@ class SwarmdMetrics:
             buckets=AVERAGING_BUCKETS,
             registry=self.registry,
         )
+        self.overlapped_wait = Histogram(
+            "swarmd_averaging_overlapped_wait_seconds",
+            "Seconds the training still waited for a round it had overlapped with its steps (diloco overlap_steps); "
+            "well above 0: raise overlap_steps.",
+            ["kind"],
+            buckets=AVERAGING_BUCKETS,
+            registry=self.registry,
+        )
         self.step_duration = Histogram(
             "swarmd_step_duration_seconds",
             "Wall time of one local training step: forward, backward and optimizer.step (averaging waits included).",
@@ -114,6 +122,8 @@ class SwarmdMetrics:
         """A round that finished (swarm/averaging_log.py AveragingRound)."""
         if item.outcome != "skipped":
             self.averaging_duration.labels(item.kind, item.outcome).observe(item.duration_seconds)
+        if item.waited_seconds is not None:
+            self.overlapped_wait.labels(item.kind).observe(item.waited_seconds)
 
     def observe_steps(self, seconds: Iterable[float]) -> None:
         for value in seconds:

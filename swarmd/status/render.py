@@ -224,13 +224,20 @@ def _rounds(s: dict[str, Any], now: float):
             item.get("kind", ""),
             f"[{styles.get(outcome, 'red')}]{outcome}[/]",
             str(item.get("group_size", "")),
-            f"{item.get('duration_seconds', 0.0):.2f} s",
+            _round_duration(item),
             str(item.get("epoch", "")),
         )
     title = Text.assemble(("recent averaging rounds", "bold"), f"  ({summary})" if summary else "")
     if not rounds:
         return Group(title, Text("  none yet"))
     return Group(title, table)
+
+
+def _round_duration(item: dict[str, Any]) -> str:
+    """The round's wall time; for a round overlapped with the training, also what the training still waited."""
+    text = f"{item.get('duration_seconds', 0.0):.2f} s"
+    waited = item.get("waited_seconds")
+    return text if waited is None else f"{text} (waited {waited:.2f} s)"
 
 
 def _loss(s: dict[str, Any]):

@@ -26,6 +26,8 @@ class AveragingRound:
     epoch: int
     time: float  # unix time when the round ended
     error: str = ""
+    # for a round that ran behind the training (diloco overlap_steps): how long the training still waited for it
+    waited_seconds: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,11 +59,15 @@ class AveragingLog:
         self._unread = []
 
     def record(
-        self, kind: str, outcome: str, *, group_size: int, duration: float, epoch: int, error: str = ""
+        self, kind: str, outcome: str, *, group_size: int, duration: float, epoch: int, error: str = "",
+        waited: Optional[float] = None,
     ) -> AveragingRound:
         if kind not in KINDS or outcome not in OUTCOMES:
             raise ValueError(f"unknown averaging round {kind}/{outcome}")
-        item = AveragingRound(kind, outcome, group_size, round(duration, 4), epoch, time.time(), error[:200])
+        item = AveragingRound(
+            kind, outcome, group_size, round(duration, 4), epoch, time.time(), error[:200],
+            waited_seconds=None if waited is None else round(waited, 4),
+        )
         with self._lock:
             self._rounds.append(item)
             self._counts[kind, outcome] += 1

@@ -639,7 +639,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
             )
         else:
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
-        self.averaging_log.record("outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why)
+        self.averaging_log.record(
+            "outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why,
+            waited=sent.waited if sent.overlapped and sent.control is not None else None,
+        )
         if outcome in ("local", "rejected"):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
             # succeeds with company averages the outer state, or the peers would stay apart for good

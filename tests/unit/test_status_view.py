@@ -84,3 +84,13 @@ def test_worker_stats_keep_each_epochs_samples_per_second():
     stats.record_step(samples=16, seconds=0.5, loss=1.0)
     stats.end_epoch(1)
     assert stats.report().rate_history == ((0, 32.0), (1, 16 / 3.0))
+
+
+def test_an_overlapped_round_shows_how_long_the_training_still_waited_for_it():
+    snapshot = sample_snapshot(time.time())
+    snapshot["recent_averaging"].append({"kind": "outer", "outcome": "success", "group_size": 2,
+                                         "duration_seconds": 11.2, "epoch": 7, "time": time.time(), "error": "",
+                                         "waited_seconds": 0.0})
+    frame = text_of(build_view(snapshot), width=140)
+    assert "11.20 s (waited 0.00 s)" in frame
+    assert "0.42 s" in frame and "0.42 s (waited" not in frame  # a round the training waited for whole
