@@ -37,24 +37,25 @@ docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import StepControl
-from hivemind.compression import CompressionInfo, TensorRole
-from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
-from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
 from hivemind.utils import get_dht_time
 
-from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
-from swarmd.swarm.optimizer import SwarmOptimizer, _ObservedStateAverager, _UpstreamRpcNames, implausible_average
-from swarmd.swarm.progress import ThrottledProgressTracker
+from swarmd.swarm.diloco_state import DiLoCoStateAverager
+from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average
+from swarmd.swarm.outer_round import (
+    PARTIAL,
+    OuterAverager,
+    RoundProgressTracker,
+    SentRound,
+    fingerprint_difference,
+    gathered_entry,
+)
 
 __all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
 
@@ -67,238 +68,13 @@ _CATCHING_UP_WEIGHT = 1e-6
 _DOWNLOADS_BEFORE_CATCHING_UP = 2  # downloads in a row, each overtaken by the swarm, before averaging instead
 
 
-class _HoldsDownloadUntilApplied(DecentralizedAverager):
-    """Sits just above DecentralizedAverager in the MRO: remembers the metadata of the last state download, which
-    TrainingStateAverager consumes without returning, and takes `state_lock` as soon as a download is in, so that
-    nobody is served a half-applied state; _DiLoCoStateAverager releases it once all of it is applied."""
-
-    _downloaded = None
-    state_lock: threading.RLock
-    _applying_download = False
-
-    def load_state_from_peers(self, *args, **kwargs):
-        loaded = super().load_state_from_peers(*args, **kwargs)
-        self._downloaded = loaded
-        if loaded is not None and not self._applying_download:
-            self.state_lock.acquire()
-            self._applying_download = True
-        return loaded
-
-    def _downloaded_state_applied(self) -> None:
-        if self._applying_download:
-            self._applying_download = False
-            self.state_lock.release()
-
-
-_PARTIAL = "swarmd.partial"  # key the outer averager adds to a round's gathered data: the fraction that did not arrive
-
-
-class _OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
-    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
-    which also says when a round returned only part of the average.
-
-    hivemind keeps this peer's own values for the parts whose reducer failed or was too slow (`next_chunk_timeout`)
-    and still reports success: the peer would step on a mix of the average and its own pseudo-gradient, apart
-    from the swarm without knowing it (seen on busy 2-core machines). DiLoCoOptimizer treats such a round as failed.
-    """
-
-    _upstream = DecentralizedAverager
-
-    async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
-        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
-        running = self._running_groups.get(group_info.group_id)  # holds the all-reduce runner until the round ends
-        finished = running is not None and running.done() and not running.cancelled() and running.exception() is None
-        runner = running.result() if finished else None
-        parts = getattr(runner, "tensor_part_container", None)
-        if parts is not None and parts.failed_size:
-            gathered = {**gathered, _PARTIAL: parts.failed_size / max(1, parts.total_size)}
-        return gathered
-
-
-class _DiLoCoStateAverager(_ObservedStateAverager, _HoldsDownloadUntilApplied):
-    """hivemind's state averager holding the OUTER state (host copies of the parameters, the outer SGD), plus the
-    inner optimizer and schedule, which it shares with a peer that downloads the state."""
-
-    inner_optimizer = None  # set by DiLoCoOptimizer once built
-    inner_scheduler_factory: Optional[Callable] = None
-    inner_scheduler = None
-    inner_steps_per_epoch = 1
-    round_steps = 0  # inner steps taken since the last outer step (or given by the peer the state came from)
-
-    def __init__(self, **kwargs):
-        # One snapshot: the outer parameters and momentum, local_epoch, round_steps and the inner optimizer change
-        # together under this lock (the outer step, a download being applied), and a peer downloading this one's
-        # state reads them under it. Upstream reads local_epoch for the state's label only after it released
-        # lock_averaged_tensors: an outer step in between served the old parameters labelled with the new epoch,
-        # and a joiner that took them stayed one outer step apart from the swarm for good.
-        self.state_lock = threading.RLock()
-        super().__init__(**kwargs)
-
-    @property
-    def inner_step(self) -> int:
-        return self.local_epoch * self.inner_steps_per_epoch + self.round_steps
-
-    def _update_scheduler(self):
-        """Bring the inner schedule to the inner step (hivemind calls this after downloads, restore.py after loads)."""
-        super()._update_scheduler()
-        if self.inner_scheduler_factory is None or self.inner_optimizer is None:
-            return
-        target = self.inner_step
-        if self.inner_scheduler is None or self.inner_scheduler.last_epoch > target:
-            # a schedule only steps forward: start it again (it takes the LR from each group's initial_lr)
-            self.inner_scheduler = self.inner_scheduler_factory(self.inner_optimizer)
-        if self.inner_scheduler is not None:
-            while self.inner_scheduler.last_epoch < target:
-                self.inner_scheduler.step()
-
-    def get_current_state(self):
-        """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the
-        round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them."""
-        with self.state_lock:
-            return self._current_state()
-
-    def _current_state(self):
-        metadata, tensors, infos = super().get_current_state()
-        # Copies: upstream's are the live host tensors (`.cpu()` of a host tensor is itself), which the averager
-        # process streams to the downloader later, while the next outer step may already be changing them.
-        tensors = [tensor.detach().clone() for tensor in tensors]
-        if self.inner_optimizer is not None:
-            with torch.no_grad():
-                inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
-                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]  # copies, as above
-            metadata["diloco"] = dict(
-                inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
-            )
-            tensors = list(tensors) + inner_tensors
-            infos = list(infos) + [
-                CompressionInfo.from_tensor(tensor, key=("inner", i), role=TensorRole.OPTIMIZER)
-                for i, tensor in enumerate(inner_tensors)
-            ]
-        return metadata, tensors, infos
-
-    def load_state_from_peers(self, **kwargs):
-        self._downloaded = None
-        try:
-            super().load_state_from_peers(**kwargs)
-            self._apply_downloaded_round()
-        finally:
-            self._downloaded_state_applied()
-
-    def _apply_downloaded_round(self) -> None:
-        """The inner optimizer's state and the round's progress that came with the outer state upstream applied."""
-        metadata, tensors = self._downloaded or (None, None)
-        if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch:
-            return  # nothing came, or upstream refused it (a peer behind this one)
-        diloco = metadata.get("diloco")
-        if isinstance(diloco, dict) and self.inner_optimizer is not None:
-            try:
-                with self.lock_optimizer:
-                    load_optimizer_state(
-                        self.inner_optimizer, diloco["inner_optimizer_metadata"], tensors[diloco["inner_offset"] :]
-                    )
-            except (KeyError, IndexError, StopIteration, ValueError, RuntimeError) as e:
-                logger.warning("The downloaded inner optimizer state does not fit (%r): keeping this peer's", e)
-            self.round_steps = int(diloco.get("round_steps", 0))
-        else:
-            self.round_steps = 0
-        self._share_statistics()
-        self._update_scheduler()
-
-    @torch.no_grad()
-    def _share_statistics(self) -> None:
-        """Averaged optimizer statistics (the outer momentum) must stay the very tensors the averager holds
-        (reuse_tensors): a load replaces the optimizer's tensors, so copy the values back into the shared ones."""
-        if not self.opt_keys_for_averaging or not self.reuse_tensors:
-            return
-        opt_parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
-        with self.get_tensors() as averaged:
-            index = len(opt_parameters)
-            for key in self.opt_keys_for_averaging:
-                for param in opt_parameters:
-                    shared, current = averaged[index], self.optimizer.state[param][key]
-                    if current is not shared:
-                        shared.copy_(current)
-                        self.optimizer.state[param][key] = shared
-                    index += 1
-
-
-class _RoundProgressTracker(ThrottledProgressTracker):
-    """The swarm's ETA is the SLOWEST peer's time to finish its round, not the swarm's summed samples against a
-    target: a DiLoCo round ends when every peer has taken its own H steps. Its target_batch_size is this peer's
-    round up to its send step in samples ((H - overlap_steps) x batch), which assumes peers of one run use the same
-    batch size (docs/DILOCO.md)."""
-
-    other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
-    round_in_flight = False  # this peer sent its pseudo-gradient and takes its overlap steps (swarm.diloco)
-
-    def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
-        progress = super()._parse_swarm_progress_data(metadata)
-        if not isinstance(metadata, dict) or not metadata:
-            self.other_peers = 0
-            return progress
-        now = get_dht_time()
-        slowest, others = 0.0, 0
-        own_id = self.dht.peer_id.to_bytes()
-        for entry in metadata.values():
-            if entry.value is None:
-                continue
-            peer = LocalTrainingProgress.parse_obj(entry.value)
-            others += peer.peer_id != own_id
-            if peer.epoch != progress.epoch:
-                continue
-            done = peer.samples_accumulated + max(0.0, now - peer.time) * peer.samples_per_second
-            remaining = max(0.0, self.target_batch_size - done)
-            if remaining > 0:
-                slowest = max(slowest, remaining / max(peer.samples_per_second, 1e-9))
-        progress.eta_next_epoch = now + slowest
-        # while this peer waits for the others, look often; otherwise as upstream would (also while its inner steps
-        # overlap the round it sent: nothing waits on the swarm's progress then)
-        waiting = self.local_progress.samples_accumulated >= self.target_batch_size and not self.round_in_flight
-        refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
-        progress.next_fetch_time = now + refresh
-        self.other_peers = others
-        return progress
-
-    def publish_now(self) -> None:
-        """Publish this peer's progress without the throttle's delay (its round is done: others wait on it)."""
-        self._request_publication(urgent=True)
-
-    def refresh_now(self) -> None:
-        """Fetch the swarm's progress at once (e.g. when this peer's round is done and it starts waiting)."""
-        self.global_progress.next_fetch_time = get_dht_time()
-        self.global_state_updated.set()
-
-    def restart_round(self, epoch: int, samples: int) -> None:
-        """Say this peer is `samples` into the round of `epoch` (after a download) without counting them as
-        throughput, which would make every other peer's ETA for this one wrong for a while."""
-        self.local_progress = self._get_local_progress(epoch, samples)
-        self.note_contribution(epoch, samples)
-        self.performance_ema.reset_timer()
-        self._request_publication(urgent=True)
-
-
-@dataclass
-class _SentRound:
-    """An outer round this peer sent its pseudo-gradient to (or could not: `control` None, `why` says why)."""
-
-    epoch: int
-    own: list  # this peer's pseudo-gradient: what it steps on if the round fails
-    weight: float
-    started: float  # time.perf_counter() at the send
-    overlapped: bool  # sent before the H-th inner step: the model has moved on since
-    control: Optional[StepControl] = None
-    why: str = ""
-    finished: Optional[float] = None  # time.perf_counter() when the round's result came
-    waited: float = 0.0  # seconds the peer waited for the result (with overlap: what the overlap did not hide)
-
-
 class DiLoCoOptimizer(SwarmOptimizer):
-    _state_averager_type = _DiLoCoStateAverager
+    _state_averager_type = DiLoCoStateAverager
     # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
     _state_averager_suffix = "_diloco_state_averager"
-    _progress_tracker_type = _RoundProgressTracker  # publishes at once when a round is done
-    state_averager: _DiLoCoStateAverager
-    tracker: _RoundProgressTracker
+    _progress_tracker_type = RoundProgressTracker  # publishes at once when a round is done
+    state_averager: DiLoCoStateAverager
+    tracker: RoundProgressTracker
 
     def __init__(
         self,
@@ -329,7 +105,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.overlap_steps = overlap_steps
         self.overlap_mixing = overlap_mixing
         self._send_step = inner_steps - overlap_steps
-        self._sent_round: Optional[_SentRound] = None  # sent at the send step, in flight until the H-th
+        self._sent_round: Optional[SentRound] = None  # sent at the send step, in flight until the H-th
         self.max_straggler_wait = max_straggler_wait
         self.prescheduled_outer_rounds = prescheduled_outer_rounds
         # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
@@ -379,7 +155,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         averager.inner_optimizer = self.inner_optimizer
         averager._update_scheduler()
 
-        self.outer_averager = _OuterAverager(
+        self.outer_averager = OuterAverager(
             averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()],
             dht=self.dht,
             prefix=f"{self.run_id}_diloco_outer",
@@ -548,7 +324,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
     def _swarm_moved_on(self, epoch: int) -> bool:
         return self.tracker.global_epoch > epoch and not self._alone()
 
-    def _send_round(self, came_with_state: bool) -> Optional[_SentRound]:
+    def _send_round(self, came_with_state: bool) -> Optional[SentRound]:
         """Send this peer's pseudo-gradient to the round of its outer step; returns once the round is under way
         (it runs in the averager's process). None if it downloaded the swarm's state instead."""
         epoch = self.local_epoch
@@ -568,7 +344,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self._skip_round(epoch, "the swarm finished this outer step without this peer")
             return None
 
-        sent = _SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped)
+        sent = SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped)
         if implausible_average(sent.own, sent.own, 0.0):
             # never send it: take part with weight 0, i.e. step on the others' average (or on nothing)
             logger.error("This peer's own pseudo-gradient is not finite: it contributes nothing to outer step %d", epoch)
@@ -595,7 +371,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             time.sleep(0.25)
         return True
 
-    def _finish_round(self, sent: _SentRound) -> None:
+    def _finish_round(self, sent: SentRound) -> None:
         """The outer step on the round's result (or on this peer's own pseudo-gradient)."""
         epoch, weight = sent.epoch, sent.weight
         pseudo_gradient, outcome, group_size, why, group_apart = self._receive(sent)
@@ -698,7 +474,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for outer, main in zip(self._outer_parameters(), self.state_averager.main_parameters)
         ]
 
-    def _send(self, sent: _SentRound) -> None:
+    def _send(self, sent: SentRound) -> None:
         """Put the pseudo-gradient into the outer averager and start (or trigger the pre-scheduled) round."""
         if self._alone():
             self._cancel_scheduled_round()
@@ -723,7 +499,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         control.add_done_callback(lambda _: setattr(sent, "finished", time.perf_counter()))
         self.tracker.round_in_flight = sent.overlapped
 
-    def _receive(self, sent: _SentRound) -> tuple[list, str, int, str, str]:
+    def _receive(self, sent: SentRound) -> tuple[list, str, int, str, str]:
         """(pseudo-gradient to step on, outcome, group size, why not averaged, why the group must average its outer
         state first: a member stepped apart from the swarm since it last averaged state, or the members' outer
         states differ; "" if it need not) for the round sent."""
@@ -744,12 +520,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
         finally:
             sent.waited = time.perf_counter() - waiting_since
         gathered = dict(gathered)
-        missing = gathered.pop(_PARTIAL, 0.0)
+        missing = gathered.pop(PARTIAL, 0.0)
         if missing:
             return own, "local", 1, f"the round failed: {missing:.1%} of the average did not arrive", ""
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]
-        gathered = [_gathered_entry(value) for value in gathered.values()]
+        gathered = [gathered_entry(value) for value in gathered.values()]
         others = sorted({peer_epoch for peer_epoch, *_ in gathered if peer_epoch != epoch}, key=repr)
         problem = f"peers of outer step {others} took part" if others else ""
         problem = problem or implausible_average(own, averaged, self.pseudo_gradient_guard_ratio)
@@ -899,27 +675,6 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._leave_round()
         super().shutdown()
         self.outer_averager.shutdown()
-
-
-def _gathered_entry(value) -> tuple:
-    """(epoch, apart, fingerprint) from what a member sent with the round (older swarmd sent [epoch, apart])."""
-    if isinstance(value, (list, tuple)) and len(value) in (2, 3):
-        fingerprint = list(value[2]) if len(value) == 3 and isinstance(value[2], (list, tuple)) else []
-        return value[0], bool(value[1]), fingerprint
-    return value, False, []
-
-
-def fingerprint_difference(fingerprints: list) -> float:
-    """The largest relative difference between any member's fingerprint and the first one's, entry by entry."""
-    reference = fingerprints[0]
-    worst = 0.0
-    for fingerprint in fingerprints[1:]:
-        if len(fingerprint) != len(reference):
-            return float("inf")
-        for mine, theirs in zip(reference, fingerprint):
-            scale = max(abs(mine), abs(theirs), 1e-12)
-            worst = max(worst, abs(mine - theirs) / scale)
-    return worst
 
 
 def build_diloco_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> DiLoCoOptimizer:

@@ -354,7 +354,7 @@ def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_pat
     import time
     from concurrent.futures import Future
 
-    from swarmd.swarm.diloco import _SentRound
+    from swarmd.swarm.outer_round import SentRound
 
     _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
     try:
@@ -367,7 +367,7 @@ def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_pat
 
         optimizer.outer_averager.step = partial_round
         own = [torch.ones_like(param) for param in optimizer._outer_parameters()]
-        sent = _SentRound(0, own, 8.0, time.perf_counter(), overlapped=False)
+        sent = SentRound(0, own, 8.0, time.perf_counter(), overlapped=False)
         optimizer._send(sent)
         result, outcome, group_size, why, _ = optimizer._receive(sent)
         assert (result, outcome, group_size) == (own, "local", 1)

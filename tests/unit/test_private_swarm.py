@@ -209,10 +209,10 @@ def test_the_gated_averagers_keep_upstreams_rpc_names():
     from hivemind.averaging import DecentralizedAverager
     from hivemind.optim.grad_averager import GradientAverager
 
-    from swarmd.swarm.diloco import _OuterAverager
+    from swarmd.swarm.outer_round import OuterAverager
     from swarmd.swarm.optimizer import _AdmittingGradientAverager
 
-    for gated, upstream in ((_AdmittingGradientAverager, GradientAverager), (_OuterAverager, DecentralizedAverager)):
+    for gated, upstream in ((_AdmittingGradientAverager, GradientAverager), (OuterAverager, DecentralizedAverager)):
         for rpc in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
             assert gated._get_handle_name("ns", rpc) == upstream._get_handle_name("ns", rpc)
 

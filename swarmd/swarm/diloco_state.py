@@ -1,0 +1,150 @@
+"""The DiLoCo peer's state as hivemind's state averager holds and serves it: the OUTER state (host copies of the
+parameters, the outer SGD and its momentum), plus the inner optimizer, its schedule and the round's progress, which
+a peer that downloads the state takes with it. swarm/diloco.py drives it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.compression import CompressionInfo, TensorRole
+from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
+
+from swarmd.swarm.optimizer import _ObservedStateAverager
+
+__all__ = ["DiLoCoStateAverager"]
+
+logger = logging.getLogger(__name__)
+
+
+class HoldsDownloadUntilApplied(DecentralizedAverager):
+    """Sits just above DecentralizedAverager in the MRO: remembers the metadata of the last state download, which
+    TrainingStateAverager consumes without returning, and takes `state_lock` as soon as a download is in, so that
+    nobody is served a half-applied state; DiLoCoStateAverager releases it once all of it is applied."""
+
+    _downloaded = None
+    state_lock: threading.RLock
+    _applying_download = False
+
+    def load_state_from_peers(self, *args, **kwargs):
+        loaded = super().load_state_from_peers(*args, **kwargs)
+        self._downloaded = loaded
+        if loaded is not None and not self._applying_download:
+            self.state_lock.acquire()
+            self._applying_download = True
+        return loaded
+
+    def _downloaded_state_applied(self) -> None:
+        if self._applying_download:
+            self._applying_download = False
+            self.state_lock.release()
+
+
+class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
+    """hivemind's state averager holding the OUTER state (host copies of the parameters, the outer SGD), plus the
+    inner optimizer and schedule, which it shares with a peer that downloads the state."""
+
+    inner_optimizer = None  # set by DiLoCoOptimizer once built
+    inner_scheduler_factory: Optional[Callable] = None
+    inner_scheduler = None
+    inner_steps_per_epoch = 1
+    round_steps = 0  # inner steps taken since the last outer step (or given by the peer the state came from)
+
+    def __init__(self, **kwargs):
+        # One snapshot: the outer parameters and momentum, local_epoch, round_steps and the inner optimizer change
+        # together under this lock (the outer step, a download being applied), and a peer downloading this one's
+        # state reads them under it. Upstream reads local_epoch for the state's label only after it released
+        # lock_averaged_tensors: an outer step in between served the old parameters labelled with the new epoch,
+        # and a joiner that took them stayed one outer step apart from the swarm for good.
+        self.state_lock = threading.RLock()
+        super().__init__(**kwargs)
+
+    @property
+    def inner_step(self) -> int:
+        return self.local_epoch * self.inner_steps_per_epoch + self.round_steps
+
+    def _update_scheduler(self):
+        """Bring the inner schedule to the inner step (hivemind calls this after downloads, restore.py after loads)."""
+        super()._update_scheduler()
+        if self.inner_scheduler_factory is None or self.inner_optimizer is None:
+            return
+        target = self.inner_step
+        if self.inner_scheduler is None or self.inner_scheduler.last_epoch > target:
+            # a schedule only steps forward: start it again (it takes the LR from each group's initial_lr)
+            self.inner_scheduler = self.inner_scheduler_factory(self.inner_optimizer)
+        if self.inner_scheduler is not None:
+            while self.inner_scheduler.last_epoch < target:
+                self.inner_scheduler.step()
+
+    def get_current_state(self):
+        """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the
+        round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them."""
+        with self.state_lock:
+            return self._current_state()
+
+    def _current_state(self):
+        metadata, tensors, infos = super().get_current_state()
+        # Copies: upstream's are the live host tensors (`.cpu()` of a host tensor is itself), which the averager
+        # process streams to the downloader later, while the next outer step may already be changing them.
+        tensors = [tensor.detach().clone() for tensor in tensors]
+        if self.inner_optimizer is not None:
+            with torch.no_grad():
+                inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
+                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]  # copies, as above
+            metadata["diloco"] = dict(
+                inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
+            )
+            tensors = list(tensors) + inner_tensors
+            infos = list(infos) + [
+                CompressionInfo.from_tensor(tensor, key=("inner", i), role=TensorRole.OPTIMIZER)
+                for i, tensor in enumerate(inner_tensors)
+            ]
+        return metadata, tensors, infos
+
+    def load_state_from_peers(self, **kwargs):
+        self._downloaded = None
+        try:
+            super().load_state_from_peers(**kwargs)
+            self._apply_downloaded_round()
+        finally:
+            self._downloaded_state_applied()
+
+    def _apply_downloaded_round(self) -> None:
+        """The inner optimizer's state and the round's progress that came with the outer state upstream applied."""
+        metadata, tensors = self._downloaded or (None, None)
+        if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch:
+            return  # nothing came, or upstream refused it (a peer behind this one)
+        diloco = metadata.get("diloco")
+        if isinstance(diloco, dict) and self.inner_optimizer is not None:
+            try:
+                with self.lock_optimizer:
+                    load_optimizer_state(
+                        self.inner_optimizer, diloco["inner_optimizer_metadata"], tensors[diloco["inner_offset"] :]
+                    )
+            except (KeyError, IndexError, StopIteration, ValueError, RuntimeError) as e:
+                logger.warning("The downloaded inner optimizer state does not fit (%r): keeping this peer's", e)
+            self.round_steps = int(diloco.get("round_steps", 0))
+        else:
+            self.round_steps = 0
+        self._share_statistics()
+        self._update_scheduler()
+
+    @torch.no_grad()
+    def _share_statistics(self) -> None:
+        """Averaged optimizer statistics (the outer momentum) must stay the very tensors the averager holds
+        (reuse_tensors): a load replaces the optimizer's tensors, so copy the values back into the shared ones."""
+        if not self.opt_keys_for_averaging or not self.reuse_tensors:
+            return
+        opt_parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
+        with self.get_tensors() as averaged:
+            index = len(opt_parameters)
+            for key in self.opt_keys_for_averaging:
+                for param in opt_parameters:
+                    shared, current = averaged[index], self.optimizer.state[param][key]
+                    if current is not shared:
+                        shared.copy_(current)
+                        self.optimizer.state[param][key] = shared
+                    index += 1

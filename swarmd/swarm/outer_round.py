@@ -1,0 +1,136 @@
+"""One DiLoCo outer round: when it is due (the progress tracker's ETA is the slowest peer's time to its send step),
+the averager that carries the pseudo-gradients and says when only part of the average came back, what a peer sent
+to a round, and what the members gather with it (outer step, apart flag, outer-state fingerprint).
+swarm/diloco.py drives it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
+from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
+from hivemind.utils import get_dht_time
+
+from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.optimizer import _UpstreamRpcNames
+from swarmd.swarm.progress import ThrottledProgressTracker
+
+__all__ = ["OuterAverager", "PARTIAL", "RoundProgressTracker", "SentRound", "fingerprint_difference", "gathered_entry"]
+
+
+PARTIAL = "swarmd.partial"  # key the outer averager adds to a round's gathered data: the fraction that did not arrive
+
+
+class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
+    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
+    which also says when a round returned only part of the average.
+
+    hivemind keeps this peer's own values for the parts whose reducer failed or was too slow (`next_chunk_timeout`)
+    and still reports success: the peer would step on a mix of the average and its own pseudo-gradient, apart
+    from the swarm without knowing it (seen on busy 2-core machines). DiLoCoOptimizer treats such a round as failed.
+    """
+
+    _upstream = DecentralizedAverager
+
+    async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
+        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+        running = self._running_groups.get(group_info.group_id)  # holds the all-reduce runner until the round ends
+        finished = running is not None and running.done() and not running.cancelled() and running.exception() is None
+        runner = running.result() if finished else None
+        parts = getattr(runner, "tensor_part_container", None)
+        if parts is not None and parts.failed_size:
+            gathered = {**gathered, PARTIAL: parts.failed_size / max(1, parts.total_size)}
+        return gathered
+
+
+class RoundProgressTracker(ThrottledProgressTracker):
+    """The swarm's ETA is the SLOWEST peer's time to finish its round, not the swarm's summed samples against a
+    target: a DiLoCo round ends when every peer has taken its own H steps. Its target_batch_size is this peer's
+    round up to its send step in samples ((H - overlap_steps) x batch), which assumes peers of one run use the same
+    batch size (docs/DILOCO.md)."""
+
+    other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
+    round_in_flight = False  # this peer sent its pseudo-gradient and takes its overlap steps (swarm.diloco)
+
+    def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
+        progress = super()._parse_swarm_progress_data(metadata)
+        if not isinstance(metadata, dict) or not metadata:
+            self.other_peers = 0
+            return progress
+        now = get_dht_time()
+        slowest, others = 0.0, 0
+        own_id = self.dht.peer_id.to_bytes()
+        for entry in metadata.values():
+            if entry.value is None:
+                continue
+            peer = LocalTrainingProgress.parse_obj(entry.value)
+            others += peer.peer_id != own_id
+            if peer.epoch != progress.epoch:
+                continue
+            done = peer.samples_accumulated + max(0.0, now - peer.time) * peer.samples_per_second
+            remaining = max(0.0, self.target_batch_size - done)
+            if remaining > 0:
+                slowest = max(slowest, remaining / max(peer.samples_per_second, 1e-9))
+        progress.eta_next_epoch = now + slowest
+        # while this peer waits for the others, look often; otherwise as upstream would (also while its inner steps
+        # overlap the round it sent: nothing waits on the swarm's progress then)
+        waiting = self.local_progress.samples_accumulated >= self.target_batch_size and not self.round_in_flight
+        refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
+        progress.next_fetch_time = now + refresh
+        self.other_peers = others
+        return progress
+
+    def publish_now(self) -> None:
+        """Publish this peer's progress without the throttle's delay (its round is done: others wait on it)."""
+        self._request_publication(urgent=True)
+
+    def refresh_now(self) -> None:
+        """Fetch the swarm's progress at once (e.g. when this peer's round is done and it starts waiting)."""
+        self.global_progress.next_fetch_time = get_dht_time()
+        self.global_state_updated.set()
+
+    def restart_round(self, epoch: int, samples: int) -> None:
+        """Say this peer is `samples` into the round of `epoch` (after a download) without counting them as
+        throughput, which would make every other peer's ETA for this one wrong for a while."""
+        self.local_progress = self._get_local_progress(epoch, samples)
+        self.note_contribution(epoch, samples)
+        self.performance_ema.reset_timer()
+        self._request_publication(urgent=True)
+
+
+@dataclass
+class SentRound:
+    """An outer round this peer sent its pseudo-gradient to (or could not: `control` None, `why` says why)."""
+
+    epoch: int
+    own: list  # this peer's pseudo-gradient: what it steps on if the round fails
+    weight: float
+    started: float  # time.perf_counter() at the send
+    overlapped: bool  # sent before the H-th inner step: the model has moved on since
+    control: Optional[StepControl] = None
+    why: str = ""
+    finished: Optional[float] = None  # time.perf_counter() when the round's result came
+    waited: float = 0.0  # seconds the peer waited for the result (with overlap: what the overlap did not hide)
+
+
+def gathered_entry(value) -> tuple:
+    """(epoch, apart, fingerprint) from what a member sent with the round (older swarmd sent [epoch, apart])."""
+    if isinstance(value, (list, tuple)) and len(value) in (2, 3):
+        fingerprint = list(value[2]) if len(value) == 3 and isinstance(value[2], (list, tuple)) else []
+        return value[0], bool(value[1]), fingerprint
+    return value, False, []
+
+
+def fingerprint_difference(fingerprints: list) -> float:
+    """The largest relative difference between any member's fingerprint and the first one's, entry by entry."""
+    reference = fingerprints[0]
+    worst = 0.0
+    for fingerprint in fingerprints[1:]:
+        if len(fingerprint) != len(reference):
+            return float("inf")
+        for mine, theirs in zip(reference, fingerprint):
+            scale = max(abs(mine), abs(theirs), 1e-12)
+            worst = max(worst, abs(mine - theirs) / scale)
+    return worst
