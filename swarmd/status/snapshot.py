@@ -174,6 +174,9 @@ class Snapshot:
     rate_history: tuple = ()  # ((epoch, samples/s), ...)
     step_metrics: dict = field(default_factory=dict)  # the task's extras of the last step (e.g. train accuracy)
     learning_rates: tuple = ()  # per param group, read by the worker at each epoch
+    # the local epoch the worker read learning_rates, loss_scale, grad_norm and cuda_memory at: for a moment after
+    # the optimizer's epoch changed they are still the previous epoch's
+    readings_epoch: Optional[int] = None
     loss_scale: Optional[float] = None  # fp16 only
     grad_norm: Optional[float] = None  # of the (averaged) gradient of the last global step
     cuda_memory: tuple = ()  # ({device, allocated_bytes, reserved_bytes}, ...) of the worker's CUDA devices
@@ -308,6 +311,7 @@ def _worker_fields(worker) -> dict[str, Any]:
         rate_history=tuple((epoch, round(rate, 3)) for epoch, rate in worker.rate_history),
         step_metrics=dict(worker.step_metrics),
         learning_rates=tuple(worker.readings.get("learning_rates") or ()),
+        readings_epoch=worker.readings.get("epoch"),
         loss_scale=worker.readings.get("loss_scale"),
         grad_norm=worker.readings.get("grad_norm"),
         cuda_memory=tuple(worker.readings.get("cuda_memory") or ()),

@@ -114,7 +114,10 @@ class SnapshotDiff:
         if epoch is None or snapshot.get("state") != "training":
             return
         first = self._epoch is None
-        if epoch != self._epoch:
+        # the worker reads the epoch's learning rates and gradient norm just after the optimizer's epoch changed: a
+        # tick in between would log the previous epoch's under this one; the next tick logs them
+        readings_epoch = snapshot.get("readings_epoch")
+        if epoch != self._epoch and (readings_epoch is None or readings_epoch >= epoch):
             self._epoch = epoch
             yield epoch_scalars(snapshot), epoch, "epoch"
 

@@ -15,13 +15,15 @@ __all__ = ["epoch_readings", "cuda_memory"]
 
 
 def epoch_readings(optimizer, precision, device: torch.device) -> dict[str, Any]:
-    """{learning_rates: [lr per param group], loss_scale: float or None (not fp16), cuda_memory: [...], grad_norm}.
+    """{epoch, learning_rates: [lr per param group], loss_scale: float or None (not fp16), cuda_memory: [...],
+    grad_norm}; `epoch` is the optimizer's local epoch they were read at.
 
     `optimizer`: hivemind.Optimizer (its param_groups are the inner optimizer's, which the LR schedule steps once
     per global epoch); `precision`: the worker's swarmd.worker.precision mode, None on an auxiliary peer.
     """
     scale = precision.loss_scale() if precision is not None else None
     return {
+        "epoch": getattr(optimizer, "local_epoch", None),
         "learning_rates": [float(group["lr"]) for group in optimizer.param_groups],
         "loss_scale": float(scale) if scale is not None else None,
         "cuda_memory": cuda_memory([device]),

@@ -118,6 +118,18 @@ def test_each_thing_is_logged_once_at_the_step_it_belongs_to():
     assert list(diff.records(later)) == []
 
 
+def test_an_epoch_is_logged_once_the_worker_has_read_its_learning_rate_and_gradient_norm():
+    diff = SnapshotDiff(log_every_steps=0)
+    list(diff.records(snapshot(3, readings_epoch=3)))
+    # the optimizer is at epoch 4, the worker has not read epoch 4's values yet: what the snapshot says is epoch 3's
+    stale = snapshot(4, readings_epoch=3, learning_rates=[lr_at(3), lr_at(3) / 10], grad_norm=None)
+    assert [step for _, step, axis in diff.records(stale) if axis == "epoch" and "lr/group_0" in _] == []
+    fresh = snapshot(4, readings_epoch=4, grad_norm=0.5)
+    records = [scalars for scalars, step, _ in diff.records(fresh) if "lr/group_0" in scalars]
+    assert len(records) == 1
+    assert records[0]["lr/group_0"] == pytest.approx(lr_at(4)) and records[0]["loss_metrics/grad_norm"] == 0.5
+
+
 # --- TensorBoard ----------------------------------------------------------------------------------------------
 
 

@@ -19,8 +19,8 @@ def test_readings_follow_the_schedule_and_the_fp16_scaler():
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5**epoch)
     precision = make_precision("fp16", model=model, device=torch.device("cpu"), reuse_grad_buffers=False)
     assert epoch_readings(optimizer, precision, torch.device("cpu")) == {
-        "learning_rates": [0.1, 0.01], "loss_scale": 65536.0, "cuda_memory": [], "grad_norm": None
-    }
+        "epoch": None, "learning_rates": [0.1, 0.01], "loss_scale": 65536.0, "cuda_memory": [], "grad_norm": None
+    }  # epoch: a plain torch optimizer has no local_epoch (hivemind's has)
     optimizer.step()
     schedule.step()
     readings = epoch_readings(optimizer, precision, torch.device("cpu"))
