@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.swarm.dht_process import ToleratesExitedCallers
 from swarmd.tasks.base import StepOutput, Task, TaskContext
 
 BATCH = 8
@@ -125,10 +126,8 @@ def _max_difference(model, reference_model) -> float:
 
 
 @pytest.fixture
-def dht():
-    import hivemind
-
-    node = hivemind.DHT(start=True)
+def dht():  # the daemon's DHT class, one per test (tests/swarm/conftest.py says why)
+    node = ToleratesExitedCallers(start=True)
     yield node
     node.shutdown()
 
@@ -192,10 +191,9 @@ def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
 
 
 def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradient(dht, tmp_path):
-    import hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
-    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     honest = _peer(dht, tmp_path, "diloco-guard")
     # a peer whose targets are 10^4 times too large: its pseudo-gradient is garbage to everyone else. It signs its
     # progress with a key of its own: with the process-wide one, both peers' records would be one DHT entry.
@@ -310,10 +308,9 @@ def _round_together(peers, seeds):
 
 
 def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before_the_step(dht, tmp_path):
-    import hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
-    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     first = _peer(dht, tmp_path, "diloco-check")
     second = None
     try:
@@ -388,11 +385,10 @@ def _wait_for(condition, what: str, timeout: float = 30.0):
 def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_round_ends(dht, tmp_path):
     """Matchmaking begins before the H-th inner step (as hivemind pre-schedules a synchronous gradient round) and
     the all-reduce waits for it: the round then averages the pseudo-gradients of the H-th step, exactly."""
-    import hivemind
     from hivemind.averaging.control import AveragingStage
     from hivemind.utils.crypto import RSAPrivateKey
 
-    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     peers = [_peer(dht, tmp_path, "diloco-scheduled"),
              _peer(other_dht, tmp_path, "diloco-scheduled", tracker_opts={"private_key": RSAPrivateKey()})]
     reference = [_Reference(), _Reference()]
@@ -438,10 +434,9 @@ def test_a_peer_the_swarm_outruns_during_its_downloads_catches_up_by_averaging(d
     """On a link too slow for the state, every download ends with the swarm further on. After two downloads that
     did, the peer joins the swarm's round with nothing to contribute; the round's state averaging gives it the
     swarm's outer state (its own weighs next to nothing), and both step on the swarm's pseudo-gradient."""
-    import hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
-    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     swarm = _peer(dht, tmp_path, "diloco-catch-up")
     joiner = None
     seeds = iter(range(10**6))
@@ -519,12 +514,11 @@ def test_an_overlapped_round_sends_before_the_round_ends_and_mixes_the_outer_ste
     out, the peer keeps stepping while the swarm averages it, and at the H-th step the outer step on the average
     lands, mixed with the peer's own parameters. Two peers, H=4, overlap 2, mixing 0.5, two outer steps, against
     the textbook reference."""
-    import hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
     inner_steps, overlap, mixing = 4, 2, 0.5
     diloco = dict(inner_steps=inner_steps, overlap_steps=overlap, overlap_mixing=mixing, max_straggler_wait=1.0)
-    other_dht = hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True)
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     peers = [_peer(dht, tmp_path, "diloco-overlap", diloco=diloco),
              _peer(other_dht, tmp_path, "diloco-overlap", diloco=diloco,
                    tracker_opts={"private_key": RSAPrivateKey()})]
@@ -578,11 +572,10 @@ def test_an_overlapped_round_sends_before_the_round_ends_and_mixes_the_outer_ste
 def test_a_peer_that_took_a_state_past_the_send_step_downloads_the_outer_step_once_the_swarm_took_it(dht, tmp_path):
     """With overlap, a round cannot be joined after its pseudo-gradients went out: a joiner whose downloaded state
     is in the overlap steps waits until the swarm took that outer step, and downloads its result."""
-    import hivemind
     from hivemind.utils.crypto import RSAPrivateKey
 
     diloco = dict(inner_steps=4, overlap_steps=2, max_straggler_wait=1.0)
-    dhts = [hivemind.DHT(initial_peers=dht.get_visible_maddrs(), start=True) for _ in range(2)]
+    dhts = [ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True) for _ in range(2)]
     first = _peer(dht, tmp_path, "diloco-overlap-join", diloco=diloco)
     second = _peer(dhts[0], tmp_path, "diloco-overlap-join", diloco=diloco, tracker_opts={"private_key": RSAPrivateKey()})
     joiner = None
