@@ -73,6 +73,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
     # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
     _state_averager_suffix = "_diloco_state_averager"
     _progress_tracker_type = RoundProgressTracker  # publishes at once when a round is done
+    _running_parts = ("outer_averager", *SwarmOptimizer._running_parts)
     state_averager: DiLoCoStateAverager
     tracker: RoundProgressTracker
 
@@ -148,26 +149,29 @@ class DiLoCoOptimizer(SwarmOptimizer):
             average_opt_statistics=("momentum_buffer",) if outer_momentum > 0 else (),
             **kwargs,
         )
-        self.inner_optimizer = inner_optimizer(param_groups)  # on the model's parameters themselves
-        averager = self.state_averager
-        averager.inner_steps_per_epoch = inner_steps
-        averager.inner_scheduler_factory = inner_scheduler
-        averager.inner_optimizer = self.inner_optimizer
-        averager._update_scheduler()
+        with self._shutting_down_on_failure():
+            self.inner_optimizer = inner_optimizer(param_groups)  # on the model's parameters themselves
+            averager = self.state_averager
+            averager.inner_steps_per_epoch = inner_steps
+            averager.inner_scheduler_factory = inner_scheduler
+            averager.inner_optimizer = self.inner_optimizer
+            averager._update_scheduler()
 
-        self.outer_averager = OuterAverager(
-            averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()],
-            dht=self.dht,
-            prefix=f"{self.run_id}_diloco_outer",
-            min_matchmaking_time=self.matchmaking_time,
-            allreduce_timeout=self.allreduce_timeout,
-            next_chunk_timeout=self.next_chunk_timeout,
-            shutdown_timeout=self.shutdown_timeout,
-            compression=grad_compression,
-            client_mode=self.client_mode,
-            start=True,
-            **self._grad_averager_opts,
-        )
+            self.outer_averager = OuterAverager(
+                averaged_tensors=[
+                    torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()
+                ],
+                dht=self.dht,
+                prefix=f"{self.run_id}_diloco_outer",
+                min_matchmaking_time=self.matchmaking_time,
+                allreduce_timeout=self.allreduce_timeout,
+                next_chunk_timeout=self.next_chunk_timeout,
+                shutdown_timeout=self.shutdown_timeout,
+                compression=grad_compression,
+                client_mode=self.client_mode,
+                start=True,
+                **self._grad_averager_opts,
+            )
 
     # --- what the worker sees ----------------------------------------------------------------------------------
 

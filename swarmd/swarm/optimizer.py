@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Callable, Optional
@@ -213,7 +214,38 @@ class SwarmOptimizer(Optimizer):
             kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # a private swarm: gated
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
-        super().__init__(**kwargs)
+        with self._shutting_down_on_failure():
+            super().__init__(**kwargs)
+
+    # --- construction that fails part-way ----------------------------------------------------------------------
+
+    # What construction starts (threads, averager processes), in the order it shuts them down; subclasses add theirs.
+    _running_parts: tuple[str, ...] = ("tracker", "grad_averager", "state_averager")
+
+    @contextlib.contextmanager
+    def _shutting_down_on_failure(self):
+        """A construction that raises (a DHT that does not answer, an averager that does not start) shuts down the
+        parts it started: an averager's process and the tracker's thread would otherwise outlive the error."""
+        try:
+            yield
+        except BaseException:
+            for name in self._running_parts:
+                part = self.__dict__.get(name)
+                if part is None or not part.is_alive():
+                    continue
+                try:
+                    part.shutdown()
+                except Exception as e:  # the construction's error is the one to report
+                    logger.warning("Could not shut down %s of a failed construction: %r", name, e)
+            raise
+
+    def __del__(self):
+        # Upstream's __del__ reads the averagers, which a failed construction may not have made; its AttributeError
+        # would surface from the garbage collector as an "unraisable" exception. Python 3.11 formats those with
+        # ast.parse, and when the collection runs inside another ast.parse (pytest formatting a failure) both fail
+        # with SystemError "AST constructor recursion depth mismatch" (CPython gh-106905): a CI run ended so.
+        if all(name in self.__dict__ for name in self._running_parts):
+            super().__del__()
 
     def step(self, closure=None, batch_size=None, grad_scaler=None):
         # Each local step's own (unscaled) gradient is clipped before hivemind accumulates it, as hivemind's ALBERT

@@ -47,6 +47,14 @@ class ThrottledProgressTracker(ProgressTracker):
         self._flush_timer: Optional[threading.Timer] = None
         self.contributed_epoch = -float("inf")  # the last epoch this peer reported samples in
         super().__init__(*args, **kwargs)
+        self._constructed = True
+
+    def __del__(self):
+        # Upstream's __init__ reads the DHT before it makes the thread, and its __del__ asserts on a thread that was
+        # never made: a DHT that failed there would leave an "unraisable" AssertionError for the garbage collector
+        # (SwarmOptimizer.__del__ says why those must not happen).
+        if self.__dict__.get("_constructed"):
+            super().__del__()
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
         # Upstream's body (progress_tracker.py l.153-168) but for its last line, which wakes the reporter every
