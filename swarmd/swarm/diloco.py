@@ -382,9 +382,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if outcome == "local" and weight == 0 and not self._alone():
             # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
             # and leave this peer apart from the swarm for good; take the swarm's result instead
-            logger.warning("Outer step %d failed for a peer with nothing to contribute (%s): downloading", epoch, why)
-            self.averaging_log.record("outer", "skipped", group_size=1, duration=0.0, epoch=epoch, error=why)
-            self.load_state_from_peers()
+            self._skip_round(epoch, f"the round failed for a peer with nothing to contribute ({why})")
             return
         # overlap: the model took inner steps since it sent; keep a share of them (Streaming DiLoCo's mixing), but
         # not of a state this peer only caught up to. Taken now: averaging the state writes the model too.
@@ -589,10 +587,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self.tracker.update_epoch(new_epoch=self.local_epoch)
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
-        self._round_samples = 0
-        self._apart_from_swarm = False
         self._set_catching_up(False)
-        self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
+        self._restart_round(apart_from_swarm=False)
         logger.info(
             "Took the swarm's state at outer step %d, %d inner steps into the round (inner step %d)",
             self.local_epoch,
@@ -613,18 +609,23 @@ class DiLoCoOptimizer(SwarmOptimizer):
             "from step %d) to take the swarm's outer state by averaging",
             self._downloads_since_outer_step, epoch, self.local_epoch,
         )
+        self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
         averager = self.state_averager
         with averager.state_lock:
             averager.local_epoch = epoch
             # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
             averager.round_steps = self._send_step
             averager._update_scheduler()
-        self._round_samples = 0
-        self._apart_from_swarm = True
-        self._set_catching_up(True)
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=epoch)
-        self.tracker.restart_round(epoch, self._send_step * self.batch_size_per_step)
+        self._restart_round(apart_from_swarm=True)
+
+    def _restart_round(self, *, apart_from_swarm: bool) -> None:
+        """After a download (the swarm's state) or a catch-up (the swarm's epoch, this peer's old state): the round
+        goes on from the averager's epoch and round_steps, with nothing of this peer's in it yet."""
+        self._round_samples = 0
+        self._apart_from_swarm = apart_from_swarm
+        self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
 
     def _set_catching_up(self, catching_up: bool) -> None:
         """While catching up, this peer's outer state is older than its epoch says: nobody may download it."""
