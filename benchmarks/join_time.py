@@ -42,6 +42,17 @@ def when(log: str, needle: str) -> float:
     raise AssertionError(f"{needle!r} not in the log")
 
 
+def downloads_until(log: str, moment: float) -> int:
+    """State downloads the joiner finished by `moment`: more than one means the swarm's epoch ended during a download
+    and the joiner, an epoch behind, downloaded again (hivemind requires the swarm's exact epoch)."""
+    count = 0
+    for line in log.splitlines():
+        match = STAMP.match(line)
+        if match and "Downloaded the swarm's state" in line and datetime.fromisoformat(match.group(1)).timestamp() <= moment:
+            count += 1
+    return count
+
+
 def join_once(root: Path, env: dict, args, index: int) -> dict:
     cfg = config(args.hidden, args.features)
     peers = []
@@ -74,6 +85,7 @@ def join_once(root: Path, env: dict, args, index: int) -> dict:
             "transfer": downloaded - asked,
             "first_round": averaged_at - downloaded,
             "total": averaged_at - started,
+            "downloads": downloads_until(log, averaged_at),
         }
     finally:
         for peer in peers:
@@ -93,7 +105,7 @@ def main() -> None:
         runs = []
         for index in range(args.repeats):
             runs.append(join_once(root, env, args, index))
-            print(f"  [{index + 1}/{args.repeats}] " + ", ".join(f"{k}={v:.1f}s" for k, v in runs[-1].items()), flush=True)
+            print(f"  [{index + 1}/{args.repeats}] " + ", ".join(f"{k}={v:.1f}" for k, v in runs[-1].items()), flush=True)
     state_mb = params * 4 * 3 / 1e6  # parameters + Adam's two statistics
     print_table(
         f"Join time of a third peer, {params / 1e6:.1f}M parameters (~{state_mb:.0f} MB of state to download), "
@@ -103,9 +115,10 @@ def main() -> None:
             ["start -> DHT up (imports, task, model, bootstrap)", summary([r["dht"] for r in runs])],
             ["DHT up -> optimizer built (averager processes)", summary([r["optimizer"] for r in runs])],
             ["optimizer -> download asked (whose state to take)", summary([r["decide"] for r in runs])],
-            ["download asked -> state applied (transfer)", summary([r["transfer"] for r in runs])],
+            ["download asked -> state applied (first transfer)", summary([r["transfer"] for r in runs])],
             ["downloaded -> first round averaged with the swarm", summary([r["first_round"] for r in runs])],
             ["total", summary([r["total"] for r in runs])],
+            ["state downloads before that round (count)", summary([r["downloads"] for r in runs])],
         ],
     )
     print(f"transfer rate (median): {state_mb / statistics.median(r['transfer'] for r in runs):.0f} MB/s")
