@@ -157,20 +157,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             averager.inner_optimizer = self.inner_optimizer
             averager._update_scheduler()
 
-            self.outer_averager = OuterAverager(
-                averaged_tensors=[
-                    torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in self._outer_parameters()
-                ],
-                dht=self.dht,
-                prefix=f"{self.run_id}_diloco_outer",
-                min_matchmaking_time=self.matchmaking_time,
-                allreduce_timeout=self.allreduce_timeout,
-                next_chunk_timeout=self.next_chunk_timeout,
-                shutdown_timeout=self.shutdown_timeout,
-                compression=grad_compression,
-                client_mode=self.client_mode,
-                start=True,
-                **self._grad_averager_opts,
+            self.outer_averager = OuterAverager.beside(
+                self, self._outer_parameters(), grad_compression, **self._grad_averager_opts
             )
 
     # --- what the worker sees ----------------------------------------------------------------------------------

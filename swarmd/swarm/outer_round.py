@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import StepControl
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
@@ -33,6 +34,23 @@ class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
     """
 
     _upstream = DecentralizedAverager
+
+    @classmethod
+    def beside(cls, optimizer, parameters, compression, **averager_opts) -> "OuterAverager":
+        """Started with the optimizer's DHT, run id, timeouts and client mode; one fp32 host buffer per parameter."""
+        return cls(
+            averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in parameters],
+            dht=optimizer.dht,
+            prefix=f"{optimizer.run_id}_diloco_outer",
+            min_matchmaking_time=optimizer.matchmaking_time,
+            allreduce_timeout=optimizer.allreduce_timeout,
+            next_chunk_timeout=optimizer.next_chunk_timeout,
+            shutdown_timeout=optimizer.shutdown_timeout,
+            compression=compression,
+            client_mode=optimizer.client_mode,
+            start=True,
+            **averager_opts,
+        )
 
     async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
         gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)

@@ -90,11 +90,11 @@ def test_a_failed_outer_averager_shuts_down_the_diloco_peers_state_averager(dht,
         built.append(self)
         original_init(self, *args, **kwargs)
 
-    def no_outer_averager(*args, **kwargs):
+    def no_outer_averager(cls, *args, **kwargs):
         raise _AveragerThatCannotStart("the outer averager did not start")
 
     monkeypatch.setattr(diloco.DiLoCoOptimizer, "__init__", remember)
-    monkeypatch.setattr(diloco, "OuterAverager", no_outer_averager)
+    monkeypatch.setattr(diloco.OuterAverager, "beside", classmethod(no_outer_averager))
     model = torch.nn.Linear(4, 2)
     with pytest.raises(_AveragerThatCannotStart):
         diloco.DiLoCoOptimizer(
