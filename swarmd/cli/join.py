@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import sys
 from typing import Optional
@@ -72,6 +74,10 @@ def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
     from swarmd.ranks.layout import torchrun_rank
 
     configure_logging(cfg.logging.level, cfg.logging.format)
+    # A native crash (torch, a hivemind process) prints every thread's Python stack to stderr, i.e. the log or the
+    # journal, before the process dies; the children forked later inherit it. systemd's watchdog SIGABRT too.
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # a stderr without a file descriptor
+        faulthandler.enable(all_threads=True)
     place = torchrun_rank(os.environ)
     if place is not None and not place.hosts_hivemind:
         # under torchrun every process runs `swarmd join`; only global rank 0 is the peer (DHT, hivemind, status)

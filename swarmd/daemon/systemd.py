@@ -11,7 +11,7 @@
 - STOPPING=1 when the graceful stop begins, with EXTEND_TIMEOUT_USEC covering daemon.shutdown_timeout, so a
   shutdown_timeout raised in the config is not cut short by the unit's TimeoutStopSec.
 
-When the watchdog is on, faulthandler is enabled: the SIGABRT systemd sends on a watchdog timeout first prints
+`swarmd join` enables faulthandler (cli/join.py): the SIGABRT systemd sends on a watchdog timeout first prints
 every thread's stack to the journal, which shows where training hung.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import logging
 import os
 from typing import Any, Optional
@@ -61,8 +60,6 @@ class SystemdNotifier(Extension):
         for name in _ENVIRONMENT:
             os.environ.pop(name, None)
         if self.watchdog is not None:
-            with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr without a file descriptor
-                faulthandler.enable(all_threads=True)
             logger.info(
                 "systemd's watchdog expects a sign of life every %g s; pinging every %g s while training progresses",
                 self.watchdog.timeout,

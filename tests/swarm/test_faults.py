@@ -95,3 +95,18 @@ def test_a_hung_step_does_not_hold_up_the_stop(daemons, test_tasks_env):
     assert time.monotonic() - started < 12.0 + 5.0  # the documented bound, plus process exit
     assert "did not finish in time: abandoning it" in peer.log
     assert peer.leftover_processes() == []
+
+
+def test_a_native_crash_prints_every_threads_stack_and_leaves_no_process(daemons, test_tasks_env):
+    # what a segfault in torch or in a hivemind process looks like to the operator: the stacks in the log, no orphans
+    import signal
+
+    peer = daemons("crashing", faulty(), env=test_tasks_env)
+    peer.wait_status(lambda s: s["local_epoch"] >= 1, 120, "training")
+    assert len(peer.descendants()) >= 3  # DHT, p2pd, averagers
+    peer.proc.send_signal(signal.SIGSEGV)
+    assert peer.proc.wait(30) == -signal.SIGSEGV
+    log = peer.log
+    assert "Fatal Python error: Segmentation fault" in log, peer.tail()
+    assert "Current thread" in log and 'File "' in log, peer.tail()  # every thread's stack, with its frames
+    assert peer.leftover_processes(grace=10) == []
