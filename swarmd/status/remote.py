@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any
 
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.status.snapshot import Snapshot

@@ -241,8 +241,6 @@ def _round_duration(item: dict[str, Any]) -> str:
 
 
 def _loss(s: dict[str, Any]):
-    from rich.text import Text
-
     from rich.console import Group
 
     return Group(

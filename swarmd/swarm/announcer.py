@@ -10,7 +10,6 @@ withdrawn (stored as None), so other peers drop this one at their next fetch ins
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any, Optional

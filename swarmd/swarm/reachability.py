@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from typing import Any, Optional
 
 from swarmd.daemon.extension import DaemonView, Extension
-from swarmd.status.snapshot import REACHABILITY_STATES
 
 __all__ = [
     "ReachabilityCheck", "addresses_to_check", "dial_libp2p", "tcp_endpoint", "unreachable_advice",

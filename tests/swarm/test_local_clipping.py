@@ -12,7 +12,7 @@ import torch
 
 from swarmd.config.schema import StrictModel, SwarmdConfig
 from swarmd.errors import ConfigError
-from swarmd.tasks.base import StepOutput, Task, TaskContext
+from swarmd.tasks.base import Task, TaskContext
 
 BATCH, CLIP = 8, 0.5
 

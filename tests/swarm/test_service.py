@@ -1,16 +1,11 @@
 """swarmd as systemd runs it: notifications on a fake $NOTIFY_SOCKET, a watchdog that stops for a hung step, and
 logs an operator can read in the journal, also while two peers stop."""
 
-import importlib.util
 import re
-import shutil
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from daemons import peer_config
 from notify_receiver import NotifyReceiver

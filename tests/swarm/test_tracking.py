@@ -19,7 +19,7 @@ def test_a_peer_logs_every_epoch_to_tensorboard_and_wandb_offline(daemons, test_
         tracking={"backends": ["tensorboard", "wandb"], "log_every_steps": 2, "wandb": {"mode": "offline"}},
     )
     peer = daemons("peer", config, env=test_tasks_env)
-    status = peer.wait_status(
+    peer.wait_status(
         lambda s: s.get("tracking", {}).get("backends") == ["tensorboard", "wandb"] and (s["local_epoch"] or 0) >= 1,
         timeout=120,
         what="tracking running with both backends",

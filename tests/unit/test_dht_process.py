@@ -1,7 +1,6 @@
 """swarm/dht_process.py: a request whose caller's process has exited is dropped; any other reads as sent."""
 
 import multiprocessing as mp
-import socket
 
 import pytest
 

@@ -20,7 +20,6 @@ from swarmd.config.peer_list import AllowListError, check_peer_id, parse_peer_li
 from swarmd.errors import ConfigError, ExitCode
 from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.status.snapshot import Identity, build_snapshot
-from swarmd.swarm import allowlist
 from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
