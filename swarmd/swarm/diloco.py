@@ -62,6 +62,9 @@ __all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
 logger = logging.getLogger(__name__)
 
 _OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_dict() adds to the inner state
+# A peer catching up by averaging weighs this much in the state round: the swarm's outer state, not its older one
+# (not 0: a group of such peers alone would divide by a zero total weight)
+_CATCHING_UP_WEIGHT = 1e-6
 _DOWNLOADS_BEFORE_CATCHING_UP = 2  # downloads in a row, each overtaken by the swarm, before averaging instead
 
 
@@ -379,12 +382,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if group_apart:
                 logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
             before = self.averaging_log.last("state")
-            # a peer catching up weighs next to nothing in it (the averager's round_weight: _set_catching_up)
+            weight = _CATCHING_UP_WEIGHT if self.catching_up else 1.0
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
                 wait_for_delayed_updates=True,
-                averaging_opts=dict(timeout=self.averaging_timeout),
+                averaging_opts=dict(timeout=self.averaging_timeout, weight=weight),
             )
             after = self._next_state_round(before)
             if after is not None and after.outcome == "success":
@@ -611,6 +614,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._round_samples = 0
         self._apart_from_swarm = apart_from_swarm
         self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
+
+    def _set_catching_up(self, catching_up: bool) -> None:
+        """While catching up, this peer's outer state is older than its epoch says: nobody may download it."""
+        self.catching_up = catching_up
+        if not self.client_mode:
+            self.state_averager.allow_state_sharing = not catching_up
 
     def state_dict(self) -> dict:
         """The inner optimizer's state_dict, each parameter's entry holding its outer parameter and momentum too,

@@ -7,9 +7,6 @@
   the step uses the local gradient: hivemind's all-reduce is a plain weighted mean of whatever peers send, so
   one broken or hostile peer would otherwise steer everyone (see docs/FAULTS.md);
 - `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
-- a peer whose download ended with the swarm further on than one epoch does not download again (the next one would
-  end behind too: the chase of docs/PERFORMANCE.md section 5) but takes the swarm's epoch and catches up by
-  averaging: it weighs next to nothing in the next state averaging, which gives it the swarm's parameters;
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
@@ -40,10 +37,6 @@ __all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implaus
 
 logger = logging.getLogger(__name__)
 
-# A peer catching up by averaging weighs this much in the state round: it takes the swarm's state, not its older one
-# (not 0: a group of such peers alone would divide by a zero total weight)
-CATCHING_UP_WEIGHT = 1e-6
-
 
 class StateLoadFailed(RuntimeError):
     """Downloading the swarm's state failed `load_state_attempts` times in a row."""
@@ -56,7 +49,6 @@ class _RecordsRounds(AdmitsAllowedPeers):
     _averaging_log: AveragingLog
     _epoch_of_round: Callable[[], int]
     _on_state_loaded: Callable[[], None]
-    rounds_with_others = 0  # state rounds that succeeded in a group of two or more
 
     def step(self, *args, **kwargs):
         control = super().step(*args, **kwargs)
@@ -78,9 +70,7 @@ class _RecordsRounds(AdmitsAllowedPeers):
                 "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error)
             )
         else:
-            group_size = len(control.result())
-            self.rounds_with_others += group_size >= 2
-            self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch)
+            self._averaging_log.record("state", "success", group_size=len(control.result()), duration=duration, epoch=epoch)
 
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
@@ -148,31 +138,12 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
         super()._apply_optimizer_parameters_()
         self.parameters_version += 1
 
-    # This peer's weight in its state rounds; None: hivemind's (1). Catching up sets CATCHING_UP_WEIGHT.
-    round_weight: Optional[float] = None
-
-    def _do(self, wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs):
-        if averaging_round and self.round_weight is not None:
-            if averaging_control is not None and not (averaging_control.triggered or averaging_control.done()):
-                averaging_control.weight = self.round_weight  # pre-scheduled (upstream refuses a weight there)
-            else:
-                kwargs["weight"] = self.round_weight  # the round upstream's _do matchmakes itself
+    def _do(self, wait_for_trigger, optimizer_step, *args, **kwargs):
         try:
-            return super()._do(
-                wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs
-            )
+            return super()._do(wait_for_trigger, optimizer_step, *args, **kwargs)
         finally:
             if optimizer_step and not self.offload_optimizer:
                 self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
-
-    def applied_a_round_with_others_since(self, rounds_with_others: int) -> bool:
-        """Whether a state round with others succeeded since the count was `rounds_with_others`, and its result is
-        in the parameters: its background update is over, and step() has taken what it left (the flag it set)."""
-        return (
-            self.rounds_with_others > rounds_with_others
-            and all(update.done() for update in self.pending_updates)
-            and not self.finished_averaging_round.is_set()
-        )
 
 
 class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllowedPeers):
@@ -214,8 +185,8 @@ def implausible_average(own: list, averaged: list, norm_ratio: float) -> str:
 
 
 class SwarmOptimizer(Optimizer):
-    # True while the peer holds the swarm's epoch ahead of its state (catching up by averaging, below and in
-    # diloco.py): the worker then neither evaluates nor checkpoints under that epoch, and nobody downloads it.
+    # True while the peer holds the swarm's epoch ahead of its state (DiLoCo catching up by averaging, diloco.py):
+    # the worker then neither evaluates nor checkpoints under that epoch. Never for the sync strategy.
     catching_up = False
 
     def __init__(
@@ -243,8 +214,6 @@ class SwarmOptimizer(Optimizer):
             kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # a private swarm: gated
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
-        self._downloads_since_global_step = 0
-        self._rounds_with_others_at_catch_up = 0
         with self._shutting_down_on_failure():
             super().__init__(**kwargs)
 
@@ -288,40 +257,30 @@ class SwarmOptimizer(Optimizer):
             params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
             if params:
                 torch.nn.utils.clip_grad_norm_(params, self.clip_local_grad_norm)
-        loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
-        if self.catching_up:
-            self._maybe_end_catch_up()
-        return loss
+        return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
 
     # --- observation ---------------------------------------------------------------------------------------
 
     _state_averager_type: type = _ObservedStateAverager  # subclasses may give a subclass of it
     _state_averager_suffix = "_state_averager"  # upstream's prefix: run_id + this
 
-    def averager_settings(self, suffix: str) -> dict:
-        """What every averager of this optimizer starts with (as upstream's): its DHT, the run's prefix with
-        `suffix`, the timeouts and the client mode."""
-        return dict(
-            dht=self.dht,
-            prefix=f"{self.run_id}{suffix}",
-            min_matchmaking_time=self.matchmaking_time,
-            allreduce_timeout=self.allreduce_timeout,
-            next_chunk_timeout=self.next_chunk_timeout,
-            shutdown_timeout=self.shutdown_timeout,
-            client_mode=self.client_mode,
-            start=True,
-        )
-
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # Same arguments as upstream's, with the recording subclass.
         return self._state_averager_type(
             averaging_log=self.averaging_log,
             on_state_loaded=self._count_state_load,
+            dht=self.dht,
+            prefix=f"{self.run_id}{self._state_averager_suffix}",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
             offload_optimizer=self.offload_optimizer,
             custom_gradients=self.offload_optimizer,
             status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
             auxiliary=self.auxiliary,
-            **self.averager_settings(self._state_averager_suffix),
+            start=True,
             **kwargs,
         )
 
@@ -349,7 +308,6 @@ class SwarmOptimizer(Optimizer):
 
     def _count_state_load(self) -> None:
         self.state_loads_total += 1
-        self._downloads_since_global_step += 1
         self.last_state_load_time = time.time()
         logger.info("Downloaded the swarm's state from a peer (download #%d)", self.state_loads_total)
 
@@ -437,83 +395,29 @@ class SwarmOptimizer(Optimizer):
         if not self._alone():
             super()._maybe_schedule_state_averaging()
 
-    def _update_global_epoch(self, grad_scaler) -> None:
-        super()._update_global_epoch(grad_scaler)
-        self._downloads_since_global_step = 0
-
-    # --- bounded state download, or catching up by averaging ----------------------------------------------
+    # --- bounded state download --------------------------------------------------------------------------
 
     def load_state_from_peers(self, **kwargs):
-        """Upstream's load_state_from_peers with a bounded number of attempts (raises StateLoadFailed); or, when
-        the last download already ended behind the swarm, catching up by averaging instead."""
+        """Upstream's load_state_from_peers with a bounded number of attempts; raises StateLoadFailed."""
         if self.scheduled_grads is not None and not self.scheduled_grads.done():
             self._tag_along_with_zero_weight(self.scheduled_grads)
             self.scheduled_grads = None
         self.state_averager.step(wait_for_delayed_updates=True)
 
         with self.tracker.pause_updates():
-            if self._should_catch_up_by_averaging():
-                self._catch_up_by_averaging()
-            else:
-                self._download_state_bounded(**kwargs)
-                self._set_catching_up(False)  # the swarm's own state
-                if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
-                    # upstream's rule: one epoch behind is close enough (a gradient one step stale)
-                    logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
-                    self.state_averager.local_epoch = self.tracker.global_epoch
-            self._start_epoch_afresh()
+            self._download_state_bounded(**kwargs)
 
-    def _start_epoch_afresh(self) -> None:
-        """After a download or a catch-up: nothing accumulated yet at the (new) epoch, served under it."""
-        self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
-        if not self.client_mode:
-            self.state_averager.state_sharing_priority = self.local_epoch
-        if self.use_gradient_averaging:
-            self.grad_averager.reset_accumulated_grads_()
+            if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
+                logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
+                self.state_averager.local_epoch = self.tracker.global_epoch
+
+            self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
             if not self.client_mode:
-                self.grad_averager.state_sharing_priority = self.local_epoch
-
-    def _should_catch_up_by_averaging(self) -> bool:
-        """A download since the last global step already ended more than an epoch behind: the swarm's epochs are
-        shorter than a download (docs/PERFORMANCE.md section 5), so another would end behind too. Only where the
-        state averaging that repairs it comes with gradient averaging (with local updates, downloads stay)."""
-        return (
-            self._downloads_since_global_step >= 1
-            and self.local_epoch < self.tracker.global_epoch  # others are ahead: there is a swarm to average with
-            and self.use_gradient_averaging
-            and not self.auxiliary
-        )
-
-    def _catch_up_by_averaging(self) -> None:
-        """Take the swarm's epoch with this peer's older state, and train on: its gradients are a few steps stale
-        (upstream already accepts one), it is not downloaded from, and it weighs next to nothing in the next state
-        averaging (every average_state_every epochs), which gives it the swarm's parameters and statistics."""
-        epoch = self.tracker.global_epoch
-        logger.warning(
-            "The swarm moved on during the state download (this peer's state is of epoch %d): joining the swarm's "
-            "epoch %d and taking its parameters by averaging in the next state round (every %d epochs) instead of "
-            "downloading again", self.local_epoch, epoch, self.average_state_every,
-        )
-        self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
-        self._rounds_with_others_at_catch_up = self.state_averager.rounds_with_others
-        self.state_averager.local_epoch = epoch
-        self.state_averager._update_scheduler()
-
-    def _maybe_end_catch_up(self) -> None:
-        if self.state_averager.applied_a_round_with_others_since(self._rounds_with_others_at_catch_up):
-            logger.info("Took the swarm's parameters by averaging: caught up at epoch %d", self.local_epoch)
-            self._set_catching_up(False)
-        elif self.tracker.other_peers == 0:
-            logger.info("The swarm is this peer alone now: its state is the swarm's (epoch %d)", self.local_epoch)
-            self._set_catching_up(False)
-
-    def _set_catching_up(self, catching_up: bool) -> None:
-        """While catching up, this peer's state is older than its epoch says: nobody may download it, and it
-        weighs next to nothing in state rounds."""
-        self.catching_up = catching_up
-        self.state_averager.round_weight = CATCHING_UP_WEIGHT if catching_up else None
-        if not self.client_mode:
-            self.state_averager.allow_state_sharing = not catching_up
+                self.state_averager.state_sharing_priority = self.local_epoch
+            if self.use_gradient_averaging:
+                self.grad_averager.reset_accumulated_grads_()
+                if not self.client_mode:
+                    self.grad_averager.state_sharing_priority = self.local_epoch
 
     def _download_state_bounded(self, **kwargs) -> None:
         """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
