@@ -264,23 +264,30 @@ class SwarmOptimizer(Optimizer):
     _state_averager_type: type = _ObservedStateAverager  # subclasses may give a subclass of it
     _state_averager_suffix = "_state_averager"  # upstream's prefix: run_id + this
 
+    def averager_settings(self, suffix: str) -> dict:
+        """What every averager of this optimizer starts with (as upstream's): its DHT, the run's prefix with
+        `suffix`, the timeouts and the client mode."""
+        return dict(
+            dht=self.dht,
+            prefix=f"{self.run_id}{suffix}",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            next_chunk_timeout=self.next_chunk_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            client_mode=self.client_mode,
+            start=True,
+        )
+
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         # Same arguments as upstream's, with the recording subclass.
         return self._state_averager_type(
             averaging_log=self.averaging_log,
             on_state_loaded=self._count_state_load,
-            dht=self.dht,
-            prefix=f"{self.run_id}{self._state_averager_suffix}",
-            min_matchmaking_time=self.matchmaking_time,
-            allreduce_timeout=self.allreduce_timeout,
-            shutdown_timeout=self.shutdown_timeout,
             offload_optimizer=self.offload_optimizer,
             custom_gradients=self.offload_optimizer,
             status_loglevel=self.status_loglevel,
-            next_chunk_timeout=self.next_chunk_timeout,
-            client_mode=self.client_mode,
             auxiliary=self.auxiliary,
-            start=True,
+            **self.averager_settings(self._state_averager_suffix),
             **kwargs,
         )
 

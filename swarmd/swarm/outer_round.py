@@ -40,15 +40,8 @@ class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
         """Started with the optimizer's DHT, run id, timeouts and client mode; one fp32 host buffer per parameter."""
         return cls(
             averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in parameters],
-            dht=optimizer.dht,
-            prefix=f"{optimizer.run_id}_diloco_outer",
-            min_matchmaking_time=optimizer.matchmaking_time,
-            allreduce_timeout=optimizer.allreduce_timeout,
-            next_chunk_timeout=optimizer.next_chunk_timeout,
-            shutdown_timeout=optimizer.shutdown_timeout,
             compression=compression,
-            client_mode=optimizer.client_mode,
-            start=True,
+            **optimizer.averager_settings("_diloco_outer"),
             **averager_opts,
         )
 
