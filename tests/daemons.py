@@ -154,6 +154,12 @@ class DaemonProcess:
                 return alive
             time.sleep(0.2)
 
+    def leftover_shared_memory(self) -> list[str]:
+        """torch's shared-memory files of this daemon's processes (/dev/shm/torch_<pid>_...) still there: hivemind
+        shares tensors with torch's file_system strategy, whose manager process removes them once all are gone."""
+        pids = {str(pid) for pid in self._known_descendants | {self.proc.pid}}
+        return sorted(name for name in os.listdir("/dev/shm") if name.startswith("torch_") and name.split("_")[1] in pids)
+
     def close(self) -> None:
         if self.proc is not None:
             self._remember_descendants()
@@ -161,13 +167,23 @@ class DaemonProcess:
                 self.proc.kill()
                 self.proc.wait(10)
             for pid in self._known_descendants:
-                if _alive(pid):
+                # torch's shared-memory manager removes the daemon's /dev/shm files once its processes are gone
+                # (swarmd/swarm/children.py): killed, it would leave them to fill the machine's memory
+                if _alive(pid) and _comm(pid) != "torch_shm_manag":
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
         if getattr(self, "_log", None):
             self._log.close()
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:

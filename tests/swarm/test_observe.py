@@ -300,5 +300,6 @@ def test_a_stopping_peer_withdraws_its_record_and_nothing_is_left(swarm):
     assert exit_codes == [0], second.tail()
     assert time.monotonic() - signalled < 70
     assert second.leftover_processes() == [], second.tail()
+    assert second.leftover_shared_memory() == [], second.tail()
     assert first.terminate(timeout=60) == 0, first.tail()
     assert first.leftover_processes() == [], first.tail()

@@ -40,6 +40,7 @@ def test_two_peers_average_stop_and_resume(daemons, shared_data):
         epoch_before = peer.status()["local_epoch"]
         assert peer.terminate(timeout=STOP_BOUND) == 0, peer.tail()
         assert peer.leftover_processes() == [], peer.tail()
+        assert peer.leftover_shared_memory() == [], peer.tail()
         assert not (peer.state_dir / "swarmd.sock").exists()
         checkpoints = sorted((peer.state_dir / "checkpoints").glob("epoch-*"))
         assert checkpoints, peer.tail()
