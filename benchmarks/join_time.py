@@ -4,6 +4,10 @@ Two peers train a ~20M-parameter model (the test-only regression task, widened);
 the first printed. Its log and status split the time into: process start to DHT up (imports, task, model,
 DHT bootstrap), DHT up to the optimizer built (its averager processes), the look for whose state to take, the
 download of parameters and optimizer state, and download to the first gradient round averaged with the group.
+Then: when the joiner held the swarm's parameters, and how the swarm's loss fared meanwhile.
+
+Joins alternate between the two ways a joiner that the swarm outran during its download gets in
+(`swarm.catch_up_by_averaging`): catching up by averaging (swarmd's default) and downloading again (hivemind's).
 
     python benchmarks/join_time.py [--repeats 3] [--hidden 4900]
 """
@@ -23,10 +27,14 @@ from common import DaemonProcess, install_testtasks, machine, peer_config, print
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) ", re.M)
 
 
-def config(hidden: int, features: int) -> dict:
+MODES = {"catch up by averaging": True, "download again": False}
+
+
+def config(hidden: int, features: int, catch_up: bool) -> dict:
     return peer_config(
         task={"name": "faulty", "features": features, "hidden": hidden, "samples": 2048},
-        swarm={"target_batch_size": 256, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0},
+        swarm={"target_batch_size": 256, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0,
+               "catch_up_by_averaging": catch_up},
         training={"batch_size": 16, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
@@ -42,19 +50,41 @@ def when(log: str, needle: str) -> float:
     raise AssertionError(f"{needle!r} not in the log")
 
 
-def downloads_until(log: str, moment: float) -> int:
-    """State downloads the joiner finished by `moment`: more than one means the swarm's epoch ended during a download
-    and the joiner, an epoch behind, downloaded again (hivemind requires the swarm's exact epoch)."""
-    count = 0
+def stamps(log: str, needle: str) -> list[float]:
+    """When the log lines with `needle` were written."""
+    found = []
     for line in log.splitlines():
         match = STAMP.match(line)
-        if match and "Downloaded the swarm's state" in line and datetime.fromisoformat(match.group(1)).timestamp() <= moment:
-            count += 1
-    return count
+        if match and needle in line:
+            found.append(datetime.fromisoformat(match.group(1)).timestamp())
+    return found
 
 
-def join_once(root: Path, env: dict, args, index: int) -> dict:
-    cfg = config(args.hidden, args.features)
+def count_until(log: str, needle: str, moment: float) -> int:
+    """Log lines with `needle` up to `moment`."""
+    return sum(stamp <= moment for stamp in stamps(log, needle))
+
+
+# More than one download means the swarm's epoch ended during a download and the joiner downloaded again (hivemind
+# requires the swarm's exact epoch); a catch-up by averaging is swarmd's way out of that (swarm/optimizer.py), and
+# the next state round gives the joiner the swarm's parameters.
+DOWNLOADED = "Downloaded the swarm's state"
+CAUGHT_UP_BY_AVERAGING = "The swarm moved on during the state download"
+HOLDS_THE_SWARMS_PARAMETERS = re.compile(r"Took the swarm's parameters by averaging: caught up at epoch (\d+)")
+JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")
+
+
+def insiders_loss(status: dict, first: int, last: int) -> tuple[float, float]:
+    """An insider's mean loss over the 3 epochs before `first`, and its worst epoch from `first` to `last`: a joiner
+    whose gradients (taken at older parameters) went into the average would show as a jump."""
+    history = {epoch: loss for epoch, loss in status["loss_history"]}
+    before = [loss for epoch, loss in history.items() if first - 3 <= epoch < first]
+    during = [loss for epoch, loss in history.items() if first <= epoch <= last]
+    return statistics.mean(before), max(during)
+
+
+def join_once(root: Path, env: dict, args, index: int, catch_up: bool) -> dict:
+    cfg = config(args.hidden, args.features, catch_up)
     peers = []
     try:
         a = DaemonProcess(root / f"a{index}", cfg, env=env, name="a").start()
@@ -74,6 +104,16 @@ def join_once(root: Path, env: dict, args, index: int) -> dict:
 
         averaged_at = c.wait_for(lambda: first_round(c.status()), 300, "the first averaged round")
         log = c.log
+        if CAUGHT_UP_BY_AVERAGING in log:
+            c.wait_for(lambda: HOLDS_THE_SWARMS_PARAMETERS.search(c.log), 300, "the state round after the catch-up")
+            holds = when(c.log, "Took the swarm's parameters by averaging")
+            first, last = int(JOINED_EPOCH.search(c.log).group(1)), int(HOLDS_THE_SWARMS_PARAMETERS.search(c.log).group(1))
+        else:
+            holds = max(stamp for stamp in stamps(log, DOWNLOADED) if stamp <= averaged_at)  # the last download
+            first = c.status()["local_epoch"]
+            last = first + 10
+            a.wait_status(lambda s: s["local_epoch"] > last, 300, "ten epochs with the joiner")
+        loss_before, loss_worst = insiders_loss(a.status(), first, last)
         dht_up = when(log, "DHT is up")
         joined = when(log, "Joined run")  # the optimizer (and its averagers) built
         asked = when(log, "Downloading the swarm's state")
@@ -85,11 +125,28 @@ def join_once(root: Path, env: dict, args, index: int) -> dict:
             "transfer": downloaded - asked,
             "first_round": averaged_at - downloaded,
             "total": averaged_at - started,
-            "downloads": downloads_until(log, averaged_at),
+            "downloads": count_until(log, DOWNLOADED, averaged_at),
+            "catch_ups": count_until(log, CAUGHT_UP_BY_AVERAGING, averaged_at),
+            "holds": holds - started,
+            "loss_jump": loss_worst / loss_before,
         }
     finally:
         for peer in peers:
             peer.close()
+
+
+ROWS = [
+    ("start -> DHT up (imports, task, model, bootstrap)", "dht"),
+    ("DHT up -> optimizer built (averager processes)", "optimizer"),
+    ("optimizer -> download asked (whose state to take)", "decide"),
+    ("download asked -> state applied (first transfer)", "transfer"),
+    ("downloaded -> first round averaged with the swarm", "first_round"),
+    ("total", "total"),
+    ("state downloads before that round (count)", "downloads"),
+    ("catch-ups by averaging before it (count)", "catch_ups"),
+    ("start -> holding the swarm's parameters", "holds"),
+    ("insider's worst epoch loss meanwhile / before (x)", "loss_jump"),
+]
 
 
 def main() -> None:
@@ -99,29 +156,25 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=4900)
     args = parser.parse_args()
     params = args.features * args.hidden + 2 * args.hidden + 1
+    runs = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         env = install_testtasks(root / "testtasks")
-        runs = []
         for index in range(args.repeats):
-            runs.append(join_once(root, env, args, index))
-            print(f"  [{index + 1}/{args.repeats}] " + ", ".join(f"{k}={v:.1f}" for k, v in runs[-1].items()), flush=True)
+            for number, (mode, catch_up) in enumerate(MODES.items()):
+                runs[mode].append(join_once(root, env, args, 2 * index + number, catch_up))
+                result = ", ".join(f"{key}={value:.3g}" for key, value in runs[mode][-1].items())
+                print(f"  [{index + 1}/{args.repeats}] {mode}: {result}", flush=True)
     state_mb = params * 4 * 3 / 1e6  # parameters + Adam's two statistics
     print_table(
         f"Join time of a third peer, {params / 1e6:.1f}M parameters (~{state_mb:.0f} MB of state to download), "
-        f"{args.repeats} joins\n{machine()}",
-        ["phase", "seconds median [min..max]"],
-        [
-            ["start -> DHT up (imports, task, model, bootstrap)", summary([r["dht"] for r in runs])],
-            ["DHT up -> optimizer built (averager processes)", summary([r["optimizer"] for r in runs])],
-            ["optimizer -> download asked (whose state to take)", summary([r["decide"] for r in runs])],
-            ["download asked -> state applied (first transfer)", summary([r["transfer"] for r in runs])],
-            ["downloaded -> first round averaged with the swarm", summary([r["first_round"] for r in runs])],
-            ["total", summary([r["total"] for r in runs])],
-            ["state downloads before that round (count)", summary([r["downloads"] for r in runs])],
-        ],
+        f"{args.repeats} joins each way, interleaved\n{machine()}",
+        ["seconds, median [min..max]", *MODES],
+        [[label, *(summary([r[key] for r in runs[mode]]) for mode in MODES)] for label, key in ROWS],
     )
-    print(f"transfer rate (median): {state_mb / statistics.median(r['transfer'] for r in runs):.0f} MB/s")
+    for mode in MODES:
+        rate = state_mb / statistics.median(r["transfer"] for r in runs[mode])
+        print(f"transfer rate (median), {mode}: {rate:.0f} MB/s")
 
 
 if __name__ == "__main__":

@@ -62,9 +62,6 @@ __all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
 logger = logging.getLogger(__name__)
 
 _OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_dict() adds to the inner state
-# A peer catching up by averaging weighs this much in the state round: the swarm's outer state, not its older one
-# (not 0: a group of such peers alone would divide by a zero total weight)
-_CATCHING_UP_WEIGHT = 1e-6
 _DOWNLOADS_BEFORE_CATCHING_UP = 2  # downloads in a row, each overtaken by the swarm, before averaging instead
 
 
@@ -182,7 +179,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 loss = closure()
         if self._should_load_state_from_peers():
             logger.info("This peer is behind the swarm (epoch %d < %d)", self.local_epoch, self.tracker.global_epoch)
-            if self._downloads_since_outer_step >= _DOWNLOADS_BEFORE_CATCHING_UP and not self._alone():
+            caught_out = self._downloads_since_outer_step >= _DOWNLOADS_BEFORE_CATCHING_UP
+            if caught_out and self.catch_up_by_averaging and not self._alone():
                 self._catch_up_by_averaging()
             else:
                 self.load_state_from_peers()
@@ -382,12 +380,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if group_apart:
                 logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
             before = self.averaging_log.last("state")
-            weight = _CATCHING_UP_WEIGHT if self.catching_up else 1.0
+            # a peer catching up weighs next to nothing in it (the averager's round_weight: _set_catching_up)
             self.state_averager.step(
                 averaging_round=True,
                 delay_averaging=False,
                 wait_for_delayed_updates=True,
-                averaging_opts=dict(timeout=self.averaging_timeout, weight=weight),
+                averaging_opts=dict(timeout=self.averaging_timeout),
             )
             after = self._next_state_round(before)
             if after is not None and after.outcome == "success":
@@ -615,12 +613,6 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._apart_from_swarm = apart_from_swarm
         self.tracker.restart_round(self.local_epoch, self.state_averager.round_steps * self.batch_size_per_step)
 
-    def _set_catching_up(self, catching_up: bool) -> None:
-        """While catching up, this peer's outer state is older than its epoch says: nobody may download it."""
-        self.catching_up = catching_up
-        if not self.client_mode:
-            self.state_averager.allow_state_sharing = not catching_up
-
     def state_dict(self) -> dict:
         """The inner optimizer's state_dict, each parameter's entry holding its outer parameter and momentum too,
         plus local_epoch and round_steps: what a checkpoint needs to resume mid-round (flat, for checkpoint.py)."""
@@ -694,6 +686,7 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         averaging_log=averaging_log,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
         load_state_attempts=swarm.load_state_attempts,
+        catch_up_by_averaging=swarm.catch_up_by_averaging is not False,  # on unless turned off
         dht=dht,
         run_id=config.run_id,
         matchmaking_time=swarm.matchmaking_time,

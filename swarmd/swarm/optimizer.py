@@ -7,6 +7,10 @@
   the step uses the local gradient: hivemind's all-reduce is a plain weighted mean of whatever peers send, so
   one broken or hostile peer would otherwise steer everyone (see docs/FAULTS.md);
 - `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
+- with `catch_up_by_averaging`, a peer whose download ended with the swarm further on than one epoch does not
+  download again (on a slow link the next one would end behind too) but takes the swarm's epoch and catches up by
+  averaging: it weighs next to nothing in the averages until the next state averaging gives it the swarm's
+  parameters;
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
@@ -27,7 +31,6 @@ from hivemind.optim import Optimizer
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
-from swarmd.swarm.allowlist import installed as installed_allow_list
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
@@ -36,6 +39,10 @@ from swarmd.swarm.progress import ThrottledProgressTracker
 __all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implausible_average"]
 
 logger = logging.getLogger(__name__)
+
+# A peer catching up by averaging weighs this much in the state round: it takes the swarm's state, not its older one
+# (not 0: a group of such peers alone would divide by a zero total weight)
+CATCHING_UP_WEIGHT = 1e-6
 
 
 class StateLoadFailed(RuntimeError):
@@ -49,6 +56,7 @@ class _RecordsRounds(AdmitsAllowedPeers):
     _averaging_log: AveragingLog
     _epoch_of_round: Callable[[], int]
     _on_state_loaded: Callable[[], None]
+    rounds_with_others = 0  # state rounds that succeeded in a group of two or more
 
     def step(self, *args, **kwargs):
         control = super().step(*args, **kwargs)
@@ -70,7 +78,9 @@ class _RecordsRounds(AdmitsAllowedPeers):
                 "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error)
             )
         else:
-            self._averaging_log.record("state", "success", group_size=len(control.result()), duration=duration, epoch=epoch)
+            group_size = len(control.result())
+            self.rounds_with_others += group_size >= 2
+            self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch)
 
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
@@ -138,18 +148,42 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
         super()._apply_optimizer_parameters_()
         self.parameters_version += 1
 
-    def _do(self, wait_for_trigger, optimizer_step, *args, **kwargs):
+    # This peer's weight in its state rounds; None: hivemind's (1). Catching up sets CATCHING_UP_WEIGHT.
+    round_weight: Optional[float] = None
+
+    def _do(self, wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs):
+        if averaging_round and self.round_weight is not None:
+            if averaging_control is not None and not (averaging_control.triggered or averaging_control.done()):
+                averaging_control.weight = self.round_weight  # pre-scheduled (upstream refuses a weight there)
+            else:
+                kwargs["weight"] = self.round_weight  # the round upstream's _do matchmakes itself
         try:
-            return super()._do(wait_for_trigger, optimizer_step, *args, **kwargs)
+            return super()._do(
+                wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs
+            )
         finally:
             if optimizer_step and not self.offload_optimizer:
                 self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
 
+    def applied_a_round_with_others_since(self, rounds_with_others: int) -> bool:
+        """Whether a state round with others succeeded since the count was `rounds_with_others`, and its result is
+        in the parameters: its background update is over, and step() has taken what it left (the flag it set)."""
+        return (
+            self.rounds_with_others > rounds_with_others
+            and all(update.done() for update in self.pending_updates)
+            and not self.finished_averaging_round.is_set()
+        )
+
 
 class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllowedPeers):
-    """hivemind's gradient averager behind the private swarm's gate (swarm/averager_gate.py)."""
+    """hivemind's gradient averager behind the private swarm's gate (swarm/averager_gate.py), with a weight of its
+    own while this peer catches up by averaging (upstream weighs a round by the samples accumulated)."""
 
     _upstream = GradientAverager
+    round_weight: Optional[float] = None  # None: the samples accumulated, as upstream; catching up: CATCHING_UP_WEIGHT
+
+    def step(self, weight: Optional[float] = None, *args, **kwargs):
+        return super().step(self.round_weight if weight is None else weight, *args, **kwargs)
 
 
 class _GradientAveragerKeepingOwn(_AdmittingGradientAverager):
@@ -185,8 +219,8 @@ def implausible_average(own: list, averaged: list, norm_ratio: float) -> str:
 
 
 class SwarmOptimizer(Optimizer):
-    # True while the peer holds the swarm's epoch ahead of its state (DiLoCo catching up by averaging, diloco.py):
-    # the worker then neither evaluates nor checkpoints under that epoch. Never for the sync strategy.
+    # True while the peer holds the swarm's epoch ahead of its state (catching up by averaging, below and in
+    # diloco.py): the worker then neither evaluates nor checkpoints under that epoch, and nobody downloads it.
     catching_up = False
 
     def __init__(
@@ -194,6 +228,7 @@ class SwarmOptimizer(Optimizer):
         *,
         averaging_log: AveragingLog,
         load_state_attempts: int = 3,
+        catch_up_by_averaging: bool = False,
         prescheduled_averaging: bool = True,
         guard_gradient_norm_ratio: float = 0.0,
         clip_local_grad_norm: Optional[float] = None,
@@ -203,6 +238,7 @@ class SwarmOptimizer(Optimizer):
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.load_state_attempts = load_state_attempts
+        self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
         self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
         # upstream documents averager_opts as "forwarded to both" averagers but gives them to the state averager
@@ -210,10 +246,12 @@ class SwarmOptimizer(Optimizer):
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
         if guard_gradient_norm_ratio > 0 and not kwargs.get("use_local_updates"):
             kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
-        elif installed_allow_list() is not None and not kwargs.get("use_local_updates"):
-            kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # a private swarm: gated
+        elif not kwargs.get("use_local_updates"):
+            kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # gated in a private swarm
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
+        self._downloads_since_global_step = 0
+        self._rounds_with_others_at_catch_up = 0
         with self._shutting_down_on_failure():
             super().__init__(**kwargs)
 
@@ -257,7 +295,10 @@ class SwarmOptimizer(Optimizer):
             params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
             if params:
                 torch.nn.utils.clip_grad_norm_(params, self.clip_local_grad_norm)
-        return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        if self.catching_up:
+            self._maybe_end_catch_up()
+        return loss
 
     # --- observation ---------------------------------------------------------------------------------------
 
@@ -315,6 +356,7 @@ class SwarmOptimizer(Optimizer):
 
     def _count_state_load(self) -> None:
         self.state_loads_total += 1
+        self._downloads_since_global_step += 1
         self.last_state_load_time = time.time()
         logger.info("Downloaded the swarm's state from a peer (download #%d)", self.state_loads_total)
 
@@ -402,29 +444,89 @@ class SwarmOptimizer(Optimizer):
         if not self._alone():
             super()._maybe_schedule_state_averaging()
 
-    # --- bounded state download --------------------------------------------------------------------------
+    def _update_global_epoch(self, grad_scaler) -> None:
+        super()._update_global_epoch(grad_scaler)
+        self._downloads_since_global_step = 0
+
+    # --- bounded state download, or catching up by averaging ----------------------------------------------
 
     def load_state_from_peers(self, **kwargs):
-        """Upstream's load_state_from_peers with a bounded number of attempts; raises StateLoadFailed."""
+        """Upstream's load_state_from_peers with a bounded number of attempts (raises StateLoadFailed); or, when
+        the last download already ended behind the swarm, catching up by averaging instead."""
         if self.scheduled_grads is not None and not self.scheduled_grads.done():
             self._tag_along_with_zero_weight(self.scheduled_grads)
             self.scheduled_grads = None
         self.state_averager.step(wait_for_delayed_updates=True)
 
         with self.tracker.pause_updates():
-            self._download_state_bounded(**kwargs)
+            if self._should_catch_up_by_averaging():
+                self._catch_up_by_averaging()
+            else:
+                self._download_state_bounded(**kwargs)
+                self._set_catching_up(False)  # the swarm's own state
+                if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
+                    # upstream's rule: one epoch behind is close enough (a gradient one step stale)
+                    logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
+                    self.state_averager.local_epoch = self.tracker.global_epoch
+            self._start_epoch_afresh()
 
-            if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
-                logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
-                self.state_averager.local_epoch = self.tracker.global_epoch
-
-            self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
+    def _start_epoch_afresh(self) -> None:
+        """After a download or a catch-up: nothing accumulated yet at the (new) epoch, served under it."""
+        self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
+        if not self.client_mode:
+            self.state_averager.state_sharing_priority = self.local_epoch
+        if self.use_gradient_averaging:
+            self.grad_averager.reset_accumulated_grads_()
             if not self.client_mode:
-                self.state_averager.state_sharing_priority = self.local_epoch
-            if self.use_gradient_averaging:
-                self.grad_averager.reset_accumulated_grads_()
-                if not self.client_mode:
-                    self.grad_averager.state_sharing_priority = self.local_epoch
+                self.grad_averager.state_sharing_priority = self.local_epoch
+
+    def _should_catch_up_by_averaging(self) -> bool:
+        """A download since the last global step already ended more than an epoch behind: the swarm's epochs are
+        shorter than a download (docs/PERFORMANCE.md section 5), so another would end behind too. Only where the
+        state averaging that repairs it comes with gradient averaging (with local updates, downloads stay)."""
+        return (
+            self.catch_up_by_averaging
+            # a peer that is catching up stays so: its state is not the swarm's, a download would end behind as well
+            and (self._downloads_since_global_step >= 1 or self.catching_up)
+            and self.local_epoch < self.tracker.global_epoch  # others are ahead: there is a swarm to average with
+            and self.use_gradient_averaging
+            and not self.auxiliary
+        )
+
+    def _catch_up_by_averaging(self) -> None:
+        """Take the swarm's epoch with this peer's older state, and train on: nobody downloads from it, it weighs
+        next to nothing in the gradient rounds, and in the next state averaging (every average_state_every epochs),
+        which gives it the swarm's parameters and statistics."""
+        epoch = self.tracker.global_epoch
+        logger.warning(
+            "The swarm moved on during the state download (this peer's state is of epoch %d): joining the swarm's "
+            "epoch %d and taking its parameters by averaging in the next state round (every %d epochs) instead of "
+            "downloading again", self.local_epoch, epoch, self.average_state_every,
+        )
+        self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
+        self._rounds_with_others_at_catch_up = self.state_averager.rounds_with_others
+        self.state_averager.local_epoch = epoch
+        self.state_averager._update_scheduler()
+
+    def _maybe_end_catch_up(self) -> None:
+        if self.state_averager.applied_a_round_with_others_since(self._rounds_with_others_at_catch_up):
+            logger.info("Took the swarm's parameters by averaging: caught up at epoch %d", self.local_epoch)
+            self._set_catching_up(False)
+        elif self.tracker.other_peers == 0:
+            logger.info("The swarm is this peer alone now: its state is the swarm's (epoch %d)", self.local_epoch)
+            self._set_catching_up(False)
+
+    def _set_catching_up(self, catching_up: bool) -> None:
+        """While catching up, this peer's state is older than its epoch says: nobody may download it, and it
+        weighs next to nothing in the averages: its gradients, taken at those older parameters, would pull the
+        swarm back (measured: docs/PERFORMANCE.md section 5), and its state would too."""
+        self.catching_up = catching_up
+        weight = CATCHING_UP_WEIGHT if catching_up else None
+        self.state_averager.round_weight = weight
+        if isinstance(self.grad_averager, _AdmittingGradientAverager):
+            self.grad_averager.round_weight = weight
+        if not self.client_mode:
+            self.state_averager.allow_state_sharing = not catching_up
 
     def _download_state_bounded(self, **kwargs) -> None:
         """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
@@ -453,6 +555,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
     return SwarmOptimizer(
         averaging_log=averaging_log,
         load_state_attempts=swarm.load_state_attempts,
+        catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
         prescheduled_averaging=swarm.prescheduled_averaging,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
         clip_local_grad_norm=swarm.clip_local_grad_norm,

@@ -62,22 +62,18 @@ class RoundProgressTracker(ThrottledProgressTracker):
     round up to its send step in samples ((H - overlap_steps) x batch), which assumes peers of one run use the same
     batch size (docs/DILOCO.md)."""
 
-    other_peers = 0  # peers in the swarm other than this one (num_peers counts this one only once it reported)
     round_in_flight = False  # this peer sent its pseudo-gradient and takes its overlap steps (swarm.diloco)
 
     def _parse_swarm_progress_data(self, metadata) -> GlobalTrainingProgress:
         progress = super()._parse_swarm_progress_data(metadata)
         if not isinstance(metadata, dict) or not metadata:
-            self.other_peers = 0
             return progress
         now = get_dht_time()
-        slowest, others = 0.0, 0
-        own_id = self.dht.peer_id.to_bytes()
+        slowest = 0.0
         for entry in metadata.values():
             if entry.value is None:
                 continue
             peer = LocalTrainingProgress.parse_obj(entry.value)
-            others += peer.peer_id != own_id
             if peer.epoch != progress.epoch:
                 continue
             done = peer.samples_accumulated + max(0.0, now - peer.time) * peer.samples_per_second
@@ -90,7 +86,6 @@ class RoundProgressTracker(ThrottledProgressTracker):
         waiting = self.local_progress.samples_accumulated >= self.target_batch_size and not self.round_in_flight
         refresh = self.min_refresh_period if waiting else min(max(slowest, self.min_refresh_period), self.max_refresh_period)
         progress.next_fetch_time = now + refresh
-        self.other_peers = others
         return progress
 
     def publish_now(self) -> None:

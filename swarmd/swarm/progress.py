@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 
-from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
 from hivemind.utils import get_dht_time, get_logger
 
 upstream_logger = get_logger("hivemind.optim.progress_tracker")
@@ -48,6 +48,17 @@ class ThrottledProgressTracker(ProgressTracker):
         self.contributed_epoch = -float("inf")  # the last epoch this peer reported samples in
         super().__init__(*args, **kwargs)
         self._constructed = True
+
+    other_peers = 0  # peers in the swarm other than this one (upstream's num_peers counts this one once it reported)
+
+    def _parse_swarm_progress_data(self, metadata):
+        progress = super()._parse_swarm_progress_data(metadata)
+        own_id = self.dht.peer_id.to_bytes()
+        entries = metadata.values() if isinstance(metadata, dict) else ()
+        self.other_peers = sum(
+            LocalTrainingProgress.parse_obj(entry.value).peer_id != own_id for entry in entries if entry.value is not None
+        )
+        return progress
 
     def __del__(self):
         # Upstream's __init__ reads the DHT before it makes the thread, and its __del__ asserts on a thread that was

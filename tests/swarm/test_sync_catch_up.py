@@ -1,0 +1,203 @@
+"""A sync peer whose state download the swarm outran catches up by averaging instead of downloading again
+(`swarm.catch_up_by_averaging: true`; off by default for sync).
+
+When the swarm's epoch is shorter than a state download (docs/PERFORMANCE.md section 5: 3.5 s against 6 s for 20M
+parameters), every download ends more than an epoch behind and upstream sends the peer back for another: the join
+time's "chase". Two in-process hivemind peers: the swarm trains on while the joiner "downloads"; the joiner then
+takes the swarm's epoch with its older state, trains along, and the next state averaging (every STATE_EVERY
+epochs) gives it the swarm's parameters with its own weighing next to nothing. Until then its gradients, taken at
+those older parameters, weigh next to nothing too: the swarm's averaged gradient is its own.
+"""
+
+import threading
+import time
+from typing import Optional
+
+import pytest
+import torch
+
+from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.swarm.dht_process import ToleratesExitedCallers
+from swarmd.tasks.base import StepOutput, Task, TaskContext
+
+BATCH = 8
+STATE_EVERY = 4
+
+
+class _Probe(Task):
+    name = "sync-catch-up-probe"
+    Config = StrictModel
+
+    def build_model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def build_optimizer(self, param_groups):
+        return torch.optim.SGD(param_groups, lr=0.1)
+
+    def train_batches(self, seed):
+        raise NotImplementedError  # the test steps the optimizer itself
+
+    def training_step(self, model, batch):
+        x, y = batch
+        return StepOutput(loss=torch.nn.functional.mse_loss(model(x), y), batch_size=x.shape[0])
+
+
+def _peer(dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, **tracker_opts):
+    from swarmd.swarm.averaging_log import AveragingLog
+    from swarmd.swarm.strategy import build_swarm_optimizer
+
+    config = SwarmdConfig.model_validate(
+        {
+            "run_id": "sync-catch-up",
+            "swarm": {
+                "target_batch_size": 2 * BATCH,  # epochs the two peers share once both train
+                "matchmaking_time": 1.0,
+                "averaging_timeout": 5.0,
+                "prescheduled_averaging": False,
+                "grad_compression": "none",
+                "state_averaging_compression": "none",  # fp16 would blur the 1e-6 weight the test measures
+                "average_state_every": STATE_EVERY,
+                "offload_optimizer": offload_optimizer,
+                **({} if catch_up_by_averaging is None else {"catch_up_by_averaging": catch_up_by_averaging}),
+                "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2, **tracker_opts},
+            },
+            "training": {"batch_size": BATCH},
+        }
+    )
+    task = _Probe(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    model = task.build_model()
+    log = AveragingLog()
+    optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=log)
+    return task, model, optimizer, log
+
+
+def _train_step(peer, seed: int, compute_seconds: float = 0.0) -> None:
+    task, model, optimizer, _ = peer
+    time.sleep(compute_seconds)  # a step of a real model: the peers' trackers see each other's progress meanwhile
+    generator = torch.Generator().manual_seed(seed)
+    batch = torch.randn(BATCH, 16, generator=generator), torch.randn(BATCH, 1, generator=generator)
+    output = task.training_step(model, batch)
+    output.loss.backward()
+    optimizer.step(batch_size=output.batch_size)
+    model.zero_grad()
+
+
+def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _relative_difference(grad_averager) -> float:
+    """Between the averaged gradient in the averager's buffers and this peer's own contribution to that round."""
+    with grad_averager.get_tensors() as averaged:
+        averaged = torch.cat([tensor.flatten() for tensor in averaged])
+    own = torch.cat([tensor.flatten() for tensor in grad_averager.own_gradients])
+    return float((averaged - own).norm() / own.norm())
+
+
+def _max_difference(model, other) -> float:
+    return max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(model.parameters(), other.parameters()))
+
+
+def _outrun_a_download(swarm, make_joiner, seeds):
+    """The swarm trains alone to epoch 2, the joiner downloads its state, the swarm goes on to epoch 4 (as if
+    during the download), and the joiner takes a step, behind."""
+    for _ in range(4):
+        _train_step(swarm, next(seeds))  # alone: two epochs of two steps
+    joiner = make_joiner()
+    joiner[2].load_state_from_peers()
+    assert joiner[2].local_epoch == 2 and joiner[2].state_loads_total == 1
+    for _ in range(4):
+        _train_step(swarm, next(seeds))  # "during the download": two more epochs, its rounds find nobody
+    _wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch")
+    _train_step(joiner, next(seeds))  # behind: upstream would download again
+    return joiner
+
+
+def test_by_default_a_sync_peer_downloads_again(dht, tmp_path):
+    """hivemind's way stays the sync default: on loopback a second download got the joiner the swarm's parameters
+    sooner than the next state averaging (docs/PERFORMANCE.md section 5)."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, True, catch_up_by_averaging=None)
+    joiner = None
+    try:
+        joiner = _outrun_a_download(
+            swarm, lambda: _peer(other_dht, tmp_path, True, None, private_key=RSAPrivateKey()), iter(range(10**6))
+        )
+        assert joiner[2].state_loads_total == 2 and not joiner[2].catching_up
+        assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
+    finally:
+        swarm[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+
+
+# hivemind's default on CPU offloads the optimizer: the state averager then averages the offloaded parameters in
+# place (reuse_tensors), and the drift it would have measured against its own is not there to read.
+@pytest.mark.parametrize("offload_optimizer", [True, False], ids=["offloaded", "in-place"])
+def test_a_sync_peer_the_swarm_outran_during_its_download_catches_up_by_averaging(dht, tmp_path, offload_optimizer):
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, offload_optimizer)
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        joiner = _outrun_a_download(swarm, lambda: _peer(other_dht, tmp_path, offload_optimizer, private_key=RSAPrivateKey()), seeds)
+        assert joiner[2].state_loads_total == 1, "the joiner downloaded again instead of catching up"
+        assert joiner[2].catching_up and joiner[2].local_epoch == 4
+        assert not joiner[2].state_averager.allow_state_sharing  # its state is not its epoch's
+        assert _max_difference(joiner[1], swarm[1]) > 1e-3  # the swarm's state of 2 steps ago
+
+        stop = threading.Event()
+        failures = []
+        # rounds the two averaged gradients in while the joiner was catching up: how far the swarm's average was
+        # from the swarm peer's own gradient (relative)
+        swarm_gradient_vs_average = []
+
+        def train(peer):
+            try:
+                while not stop.is_set():
+                    catching_up, before = joiner[2].catching_up, peer[3].last("gradients")
+                    _train_step(peer, next(seeds), compute_seconds=0.1)
+                    after = peer[3].last("gradients")
+                    if peer is swarm and catching_up and joiner[2].catching_up and after is not before:
+                        if after.outcome == "success" and after.group_size == 2:
+                            swarm_gradient_vs_average.append(_relative_difference(swarm[2].grad_averager))
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failures.append(e)
+
+        threads = [threading.Thread(target=train, args=(peer,)) for peer in (swarm, joiner)]
+        for thread in threads:
+            thread.start()
+        try:
+            _wait_for(lambda: not joiner[2].catching_up or failures, "the joiner to catch up", timeout=90)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert not failures, failures
+        assert swarm_gradient_vs_average, "no gradient round of the two while the joiner caught up"
+        assert max(swarm_gradient_vs_average) < 1e-5, f"the joiner's stale gradients moved the swarm's average: {swarm_gradient_vs_average}"
+        state_round = joiner[3].last("state")
+        assert state_round.outcome == "success" and state_round.group_size == 2, state_round
+        assert joiner[2].state_averager.allow_state_sharing and joiner[2].state_averager.round_weight is None
+        assert joiner[2].grad_averager.round_weight is None
+        if offload_optimizer:
+            return
+        # The joiner's parameters were 2 steps stale, the swarm's weighed all but everything in the average:
+        joiner_drift = joiner[2].state_averager.last_parameter_drift
+        swarm_drift = swarm[2].state_averager.last_parameter_drift
+        assert joiner_drift > 1e-3, joiner_drift
+        assert swarm_drift < 1e-5, f"the catching-up peer's state moved the swarm's: drift {swarm_drift}"
+    finally:
+        swarm[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
