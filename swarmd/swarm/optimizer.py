@@ -125,16 +125,36 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
         super()._apply_averaging_results_()
         self.parameters_version += 1
 
-    def _parameter_drift(self) -> Optional[float]:
+    # With the optimizer offloaded (hivemind's default on CPU) a round averages the optimizer's parameters in place
+    # (reuse_tensors) and nothing is applied afterwards: the drift is then measured against a copy taken between
+    # the optimizer step and the all-reduce (hivemind's _do calls _update_scheduler there, under lock_optimizer).
+    _copy_before_round = False
+    _own_before_round: Optional[list] = None
+
+    def _update_scheduler(self):
+        super()._update_scheduler()
+        if self._copy_before_round:
+            self._copy_before_round = False
+            with self.get_tensors() as tensors:
+                count = len(self.main_parameters)
+                self._own_before_round = [tensor.detach().float().clone() for tensor in list(tensors)[:count]]
+
+    def _measure_drift_of_round_in_place(self) -> None:
+        own, self._own_before_round = self._own_before_round, None
+        drift = self._parameter_drift(own) if own is not None else None
+        if drift:  # 0: the round failed and left the tensors as they were (or nothing had moved: nothing new)
+            self.last_parameter_drift = drift
+
+    def _parameter_drift(self, own: Optional[list] = None) -> Optional[float]:
         import torch
 
         try:
             count = len(self.main_parameters)
             with self.get_tensors() as averaged_tensors:
                 averaged = [tensor.detach().float() for tensor in list(averaged_tensors)[:count]]
-                if self.delta_rule_averaging and self._old_tensors is not None:
+                if own is None and self.delta_rule_averaging and self._old_tensors is not None:
                     own = list(self._old_tensors)[:count]  # what this peer sent: its parameters have moved since
-                else:
+                elif own is None:
                     own = list(self._local_tensors())[:count]
                 own = [tensor.detach().to("cpu", torch.float32) for tensor in own]
                 distance = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(torch._foreach_sub(own, averaged))))
@@ -157,11 +177,16 @@ class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsR
                 averaging_control.weight = self.round_weight  # pre-scheduled (upstream refuses a weight there)
             else:
                 kwargs["weight"] = self.round_weight  # the round upstream's _do matchmakes itself
+        in_place = averaging_round and self.reuse_tensors
+        self._copy_before_round = in_place
         try:
             return super()._do(
                 wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs
             )
         finally:
+            self._copy_before_round = False
+            if in_place:
+                self._measure_drift_of_round_in_place()
             if optimizer_step and not self.offload_optimizer:
                 self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
 

@@ -139,7 +139,7 @@ def test_by_default_a_sync_peer_downloads_again(dht, tmp_path):
 
 
 # hivemind's default on CPU offloads the optimizer: the state averager then averages the offloaded parameters in
-# place (reuse_tensors), and the drift it would have measured against its own is not there to read.
+# place (reuse_tensors), and the drift is measured against a copy taken before the all-reduce.
 @pytest.mark.parametrize("offload_optimizer", [True, False], ids=["offloaded", "in-place"])
 def test_a_sync_peer_the_swarm_outran_during_its_download_catches_up_by_averaging(dht, tmp_path, offload_optimizer):
     from hivemind.utils.crypto import RSAPrivateKey
@@ -189,8 +189,6 @@ def test_a_sync_peer_the_swarm_outran_during_its_download_catches_up_by_averagin
         assert state_round.outcome == "success" and state_round.group_size == 2, state_round
         assert joiner[2].state_averager.allow_state_sharing and joiner[2].state_averager.round_weight is None
         assert joiner[2].grad_averager.round_weight is None
-        if offload_optimizer:
-            return
         # The joiner's parameters were 2 steps stale, the swarm's weighed all but everything in the average:
         joiner_drift = joiner[2].state_averager.last_parameter_drift
         swarm_drift = swarm[2].state_averager.last_parameter_drift
