@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import yaml
 
 from swarmd.status.client import read_status
-from swarmd.swarm.children import descendant_pids
+from swarmd.swarm.children import SHM_MANAGER, descendant_pids, process_name
 
 REPO = Path(__file__).resolve().parents[1]
 JOIN_LINE = re.compile(r"To join: (swarmd join .*)$", re.M)
@@ -169,21 +169,13 @@ class DaemonProcess:
             for pid in self._known_descendants:
                 # torch's shared-memory manager removes the daemon's /dev/shm files once its processes are gone
                 # (swarmd/swarm/children.py): killed, it would leave them to fill the machine's memory
-                if _alive(pid) and _comm(pid) != "torch_shm_manag":
+                if _alive(pid) and process_name(pid) != SHM_MANAGER:
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
         if getattr(self, "_log", None):
             self._log.close()
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:

@@ -19,7 +19,10 @@ import os
 import signal
 import sys
 
-__all__ = ["tie_children_to_this_process", "die_with_parent", "descendant_pids", "kill_descendants", "kill_leftovers"]
+__all__ = [
+    "tie_children_to_this_process", "die_with_parent", "descendant_pids", "kill_descendants", "kill_leftovers",
+    "process_name", "SHM_MANAGER",
+]
 
 _PR_SET_PDEATHSIG = 1
 _installed = False
@@ -116,14 +119,14 @@ def descendant_pids(root: int | None = None) -> list[int]:
 # It unlinks those files once every process it serves has gone, and then exits; killed, it leaves them behind:
 # one graceful stop of a 20M-parameter peer left ~300 files, and a day of them filled the 24 GiB box's /dev/shm
 # until the OOM killer struck (docs/FAULTS.md). So it is the one child left to end on its own.
-_SHM_MANAGER = "torch_shm_manag"  # /proc/PID/comm keeps 15 characters of "torch_shm_manager"
+SHM_MANAGER = "torch_shm_manag"  # /proc/PID/comm keeps 15 characters of "torch_shm_manager"
 
 
 def kill_descendants(sig: int = signal.SIGKILL) -> int:
     """Signal every descendant of this process but torch's shared-memory manager; return how many were signalled."""
     count = 0
     for pid in descendant_pids():
-        if _name(pid) == _SHM_MANAGER:
+        if process_name(pid) == SHM_MANAGER:
             continue
         try:
             os.kill(pid, sig)
@@ -136,7 +139,7 @@ def kill_descendants(sig: int = signal.SIGKILL) -> int:
 def kill_leftovers() -> None:
     """At the end of a shutdown: kill (and name, in the log) whatever child process is still alive (but torch's
     shared-memory manager, which cleans up and exits after this process)."""
-    leftovers = [pid for pid in descendant_pids() if _name(pid) != _SHM_MANAGER]
+    leftovers = [pid for pid in descendant_pids() if process_name(pid) != SHM_MANAGER]
     if leftovers:
         logging.getLogger("swarmd.daemon").info(
             "Killing %d leftover child process(es): %s", len(leftovers), _describe_pids(leftovers)
@@ -144,7 +147,8 @@ def kill_leftovers() -> None:
         kill_descendants()
 
 
-def _name(pid: int) -> str:
+def process_name(pid: int) -> str:
+    """The process's name (/proc/PID/comm, 15 characters at most), or "" once it is gone."""
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()
@@ -153,4 +157,4 @@ def _name(pid: int) -> str:
 
 
 def _describe_pids(pids: list[int]) -> str:
-    return ", ".join(f"{_name(pid)}[{pid}]" if _name(pid) else str(pid) for pid in pids)
+    return ", ".join(f"{process_name(pid)}[{pid}]" if process_name(pid) else str(pid) for pid in pids)
