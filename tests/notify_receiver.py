@@ -29,16 +29,24 @@ class NotifyReceiver:
 
     def _run(self) -> None:
         while not self._stop:
-            try:
-                data, ancillary, _, _ = self.sock.recvmsg(65536, 1024)
-            except socket.timeout:
-                continue
-            sent = time.time()
-            for level, kind, value in ancillary:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    seconds, nanoseconds = struct.unpack("qq", value[:16])
-                    sent = seconds + nanoseconds / 1e9
-            self.messages.append((sent, data.decode()))
+            self._receive_one()
+        # what was sent before close() but not read yet (a CI run lost a STOPPING=1 so): read it now
+        self.sock.settimeout(0)
+        while self._receive_one():
+            pass
+
+    def _receive_one(self) -> bool:
+        try:
+            data, ancillary, _, _ = self.sock.recvmsg(65536, 1024)
+        except (socket.timeout, BlockingIOError):
+            return False
+        sent = time.time()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = struct.unpack("qq", value[:16])
+                sent = seconds + nanoseconds / 1e9
+        self.messages.append((sent, data.decode()))
+        return True
 
     def with_field(self, field: str, start: float = 0.0, end: float = float("inf")) -> list[tuple[float, str]]:
         """Messages with a line starting with `field` (e.g. "WATCHDOG=1", "STATUS="), sent in [start, end]."""
