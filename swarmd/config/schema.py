@@ -259,7 +259,11 @@ class SwarmConfig(StrictModel):
         "gradient instead. Needs reuse_grad_buffers: false. null: off.",
     )
     averager_opts: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for hivemind's averagers (advanced)."
+        default_factory=dict,
+        description="Extra keyword arguments for hivemind's averagers (advanced), plus swarmd's "
+        "matchmaking_poll_interval (seconds between matchmaking reads of the DHT; default matchmaking_time / 10) "
+        "and declare_interval (seconds that changes to the state declaration coalesce; default 1); 0 for either: "
+        "hivemind's behaviour (swarm/averager_pace.py).",
     )
     tracker_opts: dict[str, Any] = Field(
         default_factory=dict,

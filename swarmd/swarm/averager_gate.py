@@ -17,6 +17,7 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
 from swarmd.swarm.allowlist import installed
+from swarmd.swarm.averager_pace import PacedAverager
 from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
 
 __all__ = ["AdmitsAllowedPeers", "admits"]
@@ -26,8 +27,9 @@ def admits(allow_list, context: P2PContext, where: str) -> bool:
     return allow_list is None or allow_list.admit(context.remote_id.to_base58(), where)
 
 
-class AdmitsAllowedPeers(FinalizesRunningRoundsAtShutdown):
-    # (every swarmd averager has this class just above hivemind's, so it also carries the shutdown fix)
+class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown):
+    # (every swarmd averager has this class just above hivemind's, so it also carries the fewer DHT requests of
+    # swarm/averager_pace.py and the shutdown fix)
     _allow_list = None
 
     def __init__(self, *args, **kwargs):

@@ -1,0 +1,136 @@
+"""hivemind's averagers, asking their DHT process for less while they wait (issue 16).
+
+In a pinned sync pair (micro Swin, epochs of ~3.5 s, matchmaking 2 s) the DHT process of each peer answered about
+60 requests a second from the gradient averager alone and used 0.12 of the core the training needs
+(docs/PERFORMANCE.md section 10). Each request is a pickled MPFuture whose reply pipe the DHT process fetches from
+the caller's process, and most are also a request to the other peer's DHT. Two loops of hivemind 1.1.12 made them:
+
+- Matchmaking. While a peer looks for a group and knows no better leader than itself (the leader of a pair always
+  does), `PotentialLeaders.pop_next_leader` asks for a new read of the group key as soon as the last one is in,
+  so `_update_queue_periodically` reads the DHT back to back: 44 reads a second. `PacedPotentialLeaders` starts a
+  read no sooner than `matchmaking_poll_interval` after the last one (default: a tenth of the matchmaking time,
+  0.2 s for 2 s), so a follower still finds its leader early in the leader's matchmaking window, which is what
+  decides when the round starts.
+- Declarations. `_declare_for_download_periodically` stores the "download my state" record each time
+  `_state_updated` is set, and an all-reduce sets it after every tensor it averages: 16 stores a second here, from a
+  gradient averager whose state nobody downloads. Here a wake-up waits `declare_interval` (1 s) first, so one
+  round's wake-ups make one store of the newest values. The record's value (the priority) and its expiration
+  are upstream's.
+
+`PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). Both
+intervals are averager arguments (`swarm.averager_opts`); 0 gives upstream's behaviour, for side-by-side benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Optional
+
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.matchmaking import PotentialLeaders
+from hivemind.utils import get_dht_time
+
+__all__ = ["PacedAverager", "PacedPotentialLeaders", "DECLARE_INTERVAL", "poll_interval"]
+
+POLLS_PER_MATCHMAKING = 10  # the default poll interval is the matchmaking time over this
+DECLARE_INTERVAL = 1.0  # seconds a wake-up of the declaration loop waits for more changes before it stores
+
+
+def poll_interval(setting: Optional[float], min_matchmaking_time: float) -> float:
+    """Seconds between matchmaking reads: the setting, or by default a tenth of the matchmaking time."""
+    interval = min_matchmaking_time / POLLS_PER_MATCHMAKING if setting is None else setting
+    if interval < 0:
+        raise ValueError(f"matchmaking_poll_interval must be >= 0 seconds, not {interval}")
+    return interval
+
+
+class _PacedReads:
+    """A GroupKeyManager whose `get_averagers` starts no sooner than `interval` after its previous call began."""
+
+    def __init__(self, key_manager, interval: float):
+        self._key_manager, self._interval = key_manager, interval
+        self._last_read = -float("inf")
+
+    def __getattr__(self, name):
+        return getattr(self._key_manager, name)
+
+    async def get_averagers(self, *args, **kwargs):
+        wait = self._last_read + self._interval - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._last_read = time.monotonic()
+        return await self._key_manager.get_averagers(*args, **kwargs)
+
+
+class PacedPotentialLeaders(PotentialLeaders):
+    def __init__(self, *args, poll_interval: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.poll_interval = poll_interval
+
+    async def _update_queue_periodically(self, key_manager) -> None:
+        await super()._update_queue_periodically(_PacedReads(key_manager, self.poll_interval))
+
+
+class PacedAverager(DecentralizedAverager):
+    def __init__(
+        self, *args, matchmaking_poll_interval: Optional[float] = None, declare_interval: float = DECLARE_INTERVAL,
+        **kwargs,
+    ):
+        # set before upstream's __init__, which starts the averager's process (fork copies these); 5.0 is
+        # upstream's default matchmaking time
+        self.matchmaking_poll_interval = poll_interval(matchmaking_poll_interval, kwargs.get("min_matchmaking_time", 5.0))
+        if declare_interval < 0:
+            raise ValueError(f"declare_interval must be >= 0 seconds, not {declare_interval}")
+        self.declare_interval = declare_interval
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _matchmaking(self):
+        try:
+            return self.__dict__["_matchmaking"]
+        except KeyError:
+            raise AttributeError("_matchmaking") from None
+
+    @_matchmaking.setter
+    def _matchmaking(self, matchmaking) -> None:
+        # upstream builds its Matchmaking inside the averager's process (averager.py l.289); its leaders are swapped
+        # for paced ones before any search begins
+        if self.matchmaking_poll_interval > 0:
+            leaders = matchmaking.potential_leaders
+            matchmaking.potential_leaders = PacedPotentialLeaders(
+                leaders.peer_id, leaders.min_matchmaking_time, leaders.target_group_size,
+                poll_interval=self.matchmaking_poll_interval,
+            )
+        self.__dict__["_matchmaking"] = matchmaking
+
+    async def _declare_for_download_periodically(self):
+        # Upstream's loop (averager.py l.600-626) with one change: a wake-up by `_state_updated` waits
+        # `declare_interval` before the next store, so the wake-ups of one round coalesce.
+        if self.declare_interval <= 0:
+            return await super()._declare_for_download_periodically()
+        download_key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+        sharing_was_allowed = self.allow_state_sharing
+        while True:
+            expiration_time = get_dht_time() + self.declare_state_period
+            if self.allow_state_sharing or sharing_was_allowed:
+                # notify either if sharing is allowed or if it was just switched off (to overwrite the previous record)
+                asyncio.create_task(
+                    asyncio.wait_for(
+                        self.dht.store(
+                            download_key,
+                            subkey=self.peer_id.to_bytes(),
+                            value=self.state_sharing_priority if self.allow_state_sharing else None,
+                            expiration_time=expiration_time,
+                            return_future=True,
+                        ),
+                        timeout=expiration_time - get_dht_time(),
+                    )
+                )
+                sharing_was_allowed = self.allow_state_sharing
+            self._state_updated.clear()
+            try:
+                await asyncio.wait_for(self._state_updated.wait(), timeout=max(0.0, expiration_time - get_dht_time()))
+            except asyncio.TimeoutError:
+                continue  # the record is about to expire: store it again now
+            await asyncio.sleep(self.declare_interval)

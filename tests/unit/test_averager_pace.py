@@ -1,0 +1,160 @@
+"""swarm/averager_pace.py: matchmaking reads the DHT at a pace, and one all-reduce's wake-ups make one declaration.
+
+Each test runs hivemind's own loop (`PotentialLeaders.pop_next_leader` and `_update_queue_periodically`, the
+averager's declaration loop) against a fake DHT that counts requests, upstream's way and swarmd's side by side."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.matchmaking import PotentialLeaders
+from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
+
+from swarmd.swarm.averager_pace import PacedAverager, PacedPotentialLeaders, poll_interval
+
+OWN, OTHER = PeerID(b"own-peer-id-bytes"), PeerID(b"other-peer-bytes")
+
+
+class _GroupKey:
+    """A GroupKeyManager that answers `get_averagers` at once from `peers` and counts the reads."""
+
+    current_key = "run_grad_averager.0b"
+
+    def __init__(self):
+        self.reads, self.peers = 0, []
+
+    async def get_averagers(self, key, only_active):
+        self.reads += 1
+        return list(self.peers)
+
+
+async def _search(leaders: PotentialLeaders, key_manager: _GroupKey, seconds: float, leader_after: float = None):
+    """Look for a leader for up to `seconds`, as Matchmaking does, with another peer declaring itself after
+    `leader_after` seconds; returns (the leader found or None, seconds it took)."""
+    step = SimpleNamespace(deadline=get_dht_time() + seconds + 5)
+
+    async def other_peer_declares():
+        await asyncio.sleep(leader_after)
+        key_manager.peers.append((OTHER, get_dht_time() + 2.0))
+
+    started = time.monotonic()
+    async with leaders.begin_search(step, key_manager, declare=False):
+        if leader_after is not None:
+            asyncio.create_task(other_peer_declares())
+        try:
+            leader = await asyncio.wait_for(leaders.pop_next_leader(), seconds)
+        except asyncio.TimeoutError:
+            leader = None
+    return leader, time.monotonic() - started
+
+
+def test_upstream_reads_the_group_key_back_to_back_while_no_leader_is_known():
+    # what the subclass is for: if a hivemind upgrade paces these reads itself, it can go
+    key_manager = _GroupKey()
+    leader, _ = asyncio.run(_search(PotentialLeaders(OWN, 2.0, None), key_manager, seconds=1.0))
+    assert leader is None
+    assert key_manager.reads > 100
+
+
+def test_paced_leaders_read_once_per_interval():
+    key_manager = _GroupKey()
+    leaders = PacedPotentialLeaders(OWN, 2.0, None, poll_interval=0.2)
+    leader, _ = asyncio.run(_search(leaders, key_manager, seconds=1.0))
+    assert leader is None
+    assert 4 <= key_manager.reads <= 6  # at 0, 0.2, ..., 1.0 s
+
+
+def test_a_paced_follower_finds_its_leader_within_one_interval():
+    key_manager = _GroupKey()
+    leaders = PacedPotentialLeaders(OWN, 2.0, None, poll_interval=0.2)
+    leader, seconds = asyncio.run(_search(leaders, key_manager, seconds=3.0, leader_after=0.5))
+    assert leader == OTHER
+    assert 0.5 <= seconds <= 0.5 + 0.2 + 0.15
+
+
+class _Declaring(PacedAverager):
+    """What `_declare_for_download_periodically` reads of an averager, with a DHT that records each store (no
+    process: upstream's __init__ is not called, and its properties are plain attributes here)."""
+
+    allow_state_sharing, state_sharing_priority, peer_id = True, 0.0, OWN
+    _parent_pid = None  # what upstream's __del__ reads: not this process's averager
+
+    def __init__(self, declare_interval: float):
+        self.declare_interval, self.declare_state_period = declare_interval, 30.0
+        self.matchmaking_poll_interval = 0.0
+        self._matchmaking = SimpleNamespace(group_key_manager=SimpleNamespace(prefix="run_state_averager"))
+        self._state_updated = asyncio.Event()
+        self.stores = []
+        self.dht = SimpleNamespace(store=self._store)
+
+    def _store(self, key, subkey, value, expiration_time, return_future):
+        self.stores.append((key, value))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(True)
+        return future
+
+
+def _declarations(loop_method, declare_interval: float) -> list:
+    """Runs the declaration loop while an all-reduce averages 50 tensors over 0.5 s and the epoch (the priority)
+    changes at its end; returns the stores made within 1.8 s."""
+
+    async def scenario():
+        averager = _Declaring(declare_interval)
+        loop = asyncio.create_task(loop_method(averager))
+        await asyncio.sleep(0.05)
+        for part in range(50):
+            averager._state_updated.set()  # what upstream's _aggregate_with_group does after each tensor
+            if part == 49:
+                averager.state_sharing_priority = 7.0
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.2)
+        loop.cancel()
+        return averager.stores
+
+    return asyncio.run(scenario())
+
+
+def test_upstream_declares_once_per_averaged_tensor():
+    stores = _declarations(DecentralizedAverager._declare_for_download_periodically, declare_interval=0)
+    assert len(stores) > 25
+
+
+def test_one_all_reduce_makes_one_declaration_of_the_newest_priority():
+    stores = _declarations(PacedAverager._declare_for_download_periodically, declare_interval=1.0)
+    assert stores == [("run_state_averager.all_averagers", 0.0), ("run_state_averager.all_averagers", 7.0)]
+
+
+def test_zero_interval_is_upstreams_loop():
+    stores = _declarations(PacedAverager._declare_for_download_periodically, declare_interval=0)
+    assert len(stores) > 25
+
+
+def test_every_swarmd_averager_gets_paced_leaders_when_upstream_builds_its_matchmaking():
+    from swarmd.swarm.diloco_state import DiLoCoStateAverager
+    from swarmd.swarm.optimizer import _AdmittingGradientAverager, _GradientAveragerKeepingOwn, _ObservedStateAverager
+    from swarmd.swarm.outer_round import OuterAverager
+
+    for averager_type in (DiLoCoStateAverager, _ObservedStateAverager, _AdmittingGradientAverager,
+                          _GradientAveragerKeepingOwn, OuterAverager):
+        assert issubclass(averager_type, PacedAverager), averager_type
+        averager = object.__new__(averager_type)  # no process: only the attribute hook is under test
+        averager._parent_pid = None  # what upstream's __del__ reads: not this process's averager
+        averager.matchmaking_poll_interval = 0.3
+        with pytest.raises(AttributeError):
+            averager._matchmaking  # noqa: B018 - upstream reads it only after building it; before, as if unset
+        averager._matchmaking = SimpleNamespace(potential_leaders=PotentialLeaders(OWN, 3.0, 4))
+        leaders = averager._matchmaking.potential_leaders
+        assert isinstance(leaders, PacedPotentialLeaders)
+        assert (leaders.peer_id, leaders.min_matchmaking_time, leaders.target_group_size) == (OWN, 3.0, 4)
+        assert leaders.poll_interval == 0.3
+
+
+def test_the_default_poll_interval_is_a_tenth_of_the_matchmaking_time_and_a_negative_one_is_refused():
+    assert poll_interval(None, 2.0) == pytest.approx(0.2)
+    assert poll_interval(0.5, 2.0) == 0.5
+    assert poll_interval(0, 2.0) == 0  # upstream's back-to-back reads
+    with pytest.raises(ValueError, match="matchmaking_poll_interval must be >= 0"):
+        poll_interval(-1.0, 2.0)
