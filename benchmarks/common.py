@@ -20,7 +20,8 @@ from daemons import DaemonProcess, peer_config  # noqa: E402,F401 - re-exported 
 
 __all__ = [
     "REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate",
-    "install_testtasks", "p2pd_bytes", "pinned", "pinned_pair", "cpu_seconds", "process_name",
+    "install_testtasks", "p2pd_bytes", "pinned", "pinned_pair", "cpu_seconds", "process_name", "HivemindPeer",
+    "HIVEMIND_PROFILES",
 ]
 
 T = TypeVar("T")
@@ -44,14 +45,35 @@ def pinned(daemon: DaemonProcess, core: int) -> DaemonProcess:
     return daemon.start()
 
 
+# benchmark rows of plain hivemind.Optimizer peers (benchmarks/hivemind_peer.py): row name -> its --profile
+HIVEMIND_PROFILES = {"hivemind-defaults": "defaults", "hivemind-tuned": "tuned"}
+
+
+class HivemindPeer(DaemonProcess):
+    """benchmarks/hivemind_peer.py in place of `swarmd join`; its status is the JSON file it rewrites."""
+
+    def __init__(self, state_dir: Path, config: dict, *, profile: str, extra_args=(), name="peer"):
+        super().__init__(state_dir, config, extra_args=extra_args, name=name)
+        self.args = [sys.executable, str(REPO / "benchmarks" / "hivemind_peer.py"), "--config", str(self.config_path),
+                     "--state-dir", str(self.state_dir), "--profile", profile, *extra_args]
+
+    def status(self) -> dict:
+        import json
+
+        from hivemind_peer import STATUS_FILE
+
+        return json.loads((self.state_dir / STATUS_FILE).read_text())
+
+
 @contextlib.contextmanager
-def pinned_pair(root: Path, prefix: str, config: dict) -> Iterator[list[DaemonProcess]]:
-    """Two peers of one swarm on cores 0 and 1, the second joining the first; both closed afterwards."""
+def pinned_pair(root: Path, prefix: str, config: dict, make_peer=DaemonProcess) -> Iterator[list[DaemonProcess]]:
+    """Two peers of one swarm on cores 0 and 1, the second joining the first; both closed afterwards.
+    `make_peer(state_dir, config, extra_args=..., name=...)` builds each (default: a `swarmd join`)."""
     peers = []
     try:
-        first = pinned(DaemonProcess(root / f"{prefix}-a", config, name="a"), 0)
+        first = pinned(make_peer(root / f"{prefix}-a", config, name="a"), 0)
         peers.append(first)
-        peers.append(pinned(DaemonProcess(root / f"{prefix}-b", config, extra_args=first.joining_args(), name="b"), 1))
+        peers.append(pinned(make_peer(root / f"{prefix}-b", config, extra_args=first.joining_args(), name="b"), 1))
         yield peers
     finally:
         for peer in peers:

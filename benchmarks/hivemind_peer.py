@@ -60,8 +60,8 @@ class _Report:
     def __init__(self, path: Path):
         self.path = path
         self.data = {
-            "state": "starting", "samples_total": 0, "steps_total": 0, "local_epoch": None, "num_peers": None,
-            "loss": None, "recent_averaging": [], "averaging": {"gradients": {"success": 0, "failed": 0, "skipped": 0}},
+            "state": "starting", "samples_total": 0, "steps_total": 0, "optimizer_seconds_total": 0.0,
+            "local_epoch": None, "num_peers": None, "loss": None, "recent_averaging": [], "averaging": {"gradients": {"success": 0, "failed": 0, "skipped": 0}},
             "evaluation": None, "visible_maddrs": [],
         }
         self._written = 0.0
@@ -173,10 +173,13 @@ def run(args) -> None:
     while True:
         output = task.training_step(model, next(batches))
         output.loss.backward()
+        step_started = time.perf_counter()
         optimizer.step()
+        step_seconds = time.perf_counter() - step_started
         optimizer.zero_grad()
         epoch_losses.append(float(output.loss.detach()))
         data = report.data
+        data["optimizer_seconds_total"] += step_seconds
         data["samples_total"] += output.batch_size
         data["steps_total"] += 1
         data["local_epoch"] = optimizer.local_epoch

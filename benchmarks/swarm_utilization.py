@@ -6,17 +6,21 @@ waiting on averaging, updating), global epochs per minute, and bytes sent per gl
 counters). Strategies and solo runs are interleaved; medians over the repeats.
 
     python benchmarks/swarm_utilization.py [--repeats 2] [--window 25] [--strategies sync dpu local5]
+
+The hivemind-defaults and hivemind-tuned rows are plain hivemind.Optimizer peers on the same task and data
+(benchmarks/hivemind_peer.py), with hivemind's defaults or with what swarmd passes for the sync row.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from common import DaemonProcess, interleave, machine, p2pd_bytes, peer_config, pinned, pinned_pair, print_table, summary
+from common import HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, interleave, machine, p2pd_bytes, peer_config, pinned, pinned_pair, print_table, summary
 
 MODEL_BYTES = 0.54e6 * 4
 
@@ -32,6 +36,11 @@ STRATEGIES = {
     # local updates every step, parameters averaged every k global epochs
     "local1": {"use_local_updates": True, "average_state_every": 1},
     "local5": {"use_local_updates": True, "average_state_every": 5},
+    # sync with hivemind 1.1.12's back-to-back matchmaking reads and per-tensor declarations (swarm/averager_pace.py)
+    "sync-unpaced": {"average_state_every": 10, "averager_opts": {"matchmaking_poll_interval": 0, "declare_interval": 0}},
+    # plain hivemind.Optimizer peers (benchmarks/hivemind_peer.py): its defaults, and tuned as swarmd's sync
+    "hivemind-defaults": {"average_state_every": 10},
+    "hivemind-tuned": {"average_state_every": 10},
     # sync with hivemind's processes (DHT, p2pd, averagers) below the training's CPU priority (issue 16)
     "sync-nice": {"average_state_every": 10, "daemon": {"background_priority": "nice"}},
     "sync-idle": {"average_state_every": 10, "daemon": {"background_priority": "idle"}},
@@ -100,7 +109,10 @@ def run_solo(data: str, root: Path, args, counter: list[int]) -> dict:
 
 def run_pair(name: str, data: str, root: Path, args, counter: list[int]) -> dict:
     counter[0] += 1
-    with pinned_pair(root, f"{name}-{counter[0]}", config(data, STRATEGIES[name], args)) as peers:
+    make_peer = DaemonProcess
+    if name in HIVEMIND_PROFILES:
+        make_peer = functools.partial(HivemindPeer, profile=HIVEMIND_PROFILES[name])
+    with pinned_pair(root, f"{name}-{counter[0]}", config(data, STRATEGIES[name], args), make_peer) as peers:
         return measure(peers, args)
 
 

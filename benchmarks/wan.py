@@ -40,7 +40,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, DaemonProcess, interleave, machine, p2pd_bytes, peer_config, print_table  # noqa: E402
+from common import (  # noqa: E402
+    HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, interleave, machine, p2pd_bytes, peer_config, print_table,
+)
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
 PEERS = 2
@@ -56,7 +58,6 @@ STRATEGIES = {
     "dpu": {"delay_grad_averaging": True, "delay_optimizer_step": True, "average_state_every": 10},
     "local": {"use_local_updates": True, "average_state_every": 5},
 }
-HIVEMIND_PROFILES = {"hivemind-defaults": "defaults", "hivemind-tuned": "tuned"}
 # diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo)
 DILOCO_STRATEGIES = ["diloco", "diloco-overlap"]
 QUICK = {"rates": [20.0], "epochs": 2, "repeats": 1}
@@ -164,22 +165,6 @@ def config(strategy: str, address: str, port: int, data: str, args) -> dict:
 
 
 # --- peers ---------------------------------------------------------------------------------------------------
-
-
-class HivemindPeer(DaemonProcess):
-    """benchmarks/hivemind_peer.py in place of `swarmd join`; its status is the JSON file it rewrites."""
-
-    def __init__(self, state_dir: Path, config: dict, *, profile: str, extra_args=(), name="peer"):
-        super().__init__(state_dir, config, extra_args=extra_args, name=name)
-        self.args = [sys.executable, str(REPO / "benchmarks" / "hivemind_peer.py"), "--config", str(self.config_path),
-                     "--state-dir", str(self.state_dir), "--profile", profile, *extra_args]
-
-    def status(self) -> dict:
-        import json
-
-        from hivemind_peer import STATUS_FILE
-
-        return json.loads((self.state_dir / STATUS_FILE).read_text())
 
 
 def make_identity(state_dir: Path) -> str:
