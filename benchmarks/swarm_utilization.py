@@ -36,8 +36,11 @@ STRATEGIES = {
     # local updates every step, parameters averaged every k global epochs
     "local1": {"use_local_updates": True, "average_state_every": 1},
     "local5": {"use_local_updates": True, "average_state_every": 5},
-    # sync with hivemind 1.1.12's back-to-back matchmaking reads and per-tensor declarations (swarm/averager_pace.py)
-    "sync-unpaced": {"average_state_every": 10, "averager_opts": {"matchmaking_poll_interval": 0, "declare_interval": 0}},
+    # sync with hivemind 1.1.12's matchmaking (swarm/averager_pace.py): groups assembled at the scheduled time only,
+    # then also with its back-to-back reads and per-tensor declarations
+    "sync-scheduled": {"average_state_every": 10, "averager_opts": {"assemble_when_triggered": False}},
+    "sync-unpaced": {"average_state_every": 10, "averager_opts": {
+        "matchmaking_poll_interval": 0, "declare_interval": 0, "assemble_when_triggered": False}},
     # plain hivemind.Optimizer peers (benchmarks/hivemind_peer.py): its defaults, and tuned as swarmd's sync
     "hivemind-defaults": {"average_state_every": 10},
     "hivemind-tuned": {"average_state_every": 10},

@@ -261,9 +261,10 @@ class SwarmConfig(StrictModel):
     averager_opts: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for hivemind's averagers (advanced), plus swarmd's "
-        "matchmaking_poll_interval (seconds between matchmaking reads of the DHT; default matchmaking_time / 10) "
-        "and declare_interval (seconds that changes to the state declaration coalesce; default 1); 0 for either: "
-        "hivemind's behaviour (swarm/averager_pace.py).",
+        "matchmaking_poll_interval (seconds between matchmaking reads of the DHT; default matchmaking_time / 10), "
+        "declare_interval (seconds that changes to the state declaration coalesce; default 1) and "
+        "assemble_when_triggered (a leader starts its round once it is due and someone follows; default true); "
+        "0 / false: hivemind's behaviour (swarm/averager_pace.py).",
     )
     tracker_opts: dict[str, Any] = Field(
         default_factory=dict,

@@ -1,4 +1,5 @@
-"""hivemind's averagers, asking their DHT process for less while they wait (issue 16).
+"""hivemind's averagers, asking their DHT process for less while they wait, and starting a round when it is due
+(issue 16).
 
 In a pinned sync pair (micro Swin, epochs of ~3.5 s, matchmaking 2 s) the DHT process of each peer answered about
 60 requests a second from the gradient averager alone and used 0.12 of the core the training needs
@@ -9,27 +10,37 @@ the caller's process, and most are also a request to the other peer's DHT. Two l
   does), `PotentialLeaders.pop_next_leader` asks for a new read of the group key as soon as the last one is in,
   so `_update_queue_periodically` reads the DHT back to back: 44 reads a second. `PacedPotentialLeaders` starts a
   read no sooner than `matchmaking_poll_interval` after the last one (default: a tenth of the matchmaking time,
-  0.2 s for 2 s), so a follower still finds its leader early in the leader's matchmaking window, which is what
-  decides when the round starts.
+  0.2 s for 2 s), so a follower still finds its leader early in the leader's matchmaking window.
 - Declarations. `_declare_for_download_periodically` stores the "download my state" record each time
   `_state_updated` is set, and an all-reduce sets it after every tensor it averages: 16 stores a second here, from a
   gradient averager whose state nobody downloads. Here a wake-up waits `declare_interval` (1 s) first, so one
   round's wake-ups make one store of the newest values. The record's value (the priority) and its expiration
   are upstream's.
 
-`PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). Both
-intervals are averager arguments (`swarm.averager_opts`); 0 gives upstream's behaviour, for side-by-side benchmarks.
+And one wait: a pre-scheduled round's group is assembled when the leader's declaration expires, at the end of the
+epoch as estimated when the round was scheduled, ~2 s earlier. The estimate was often late: half the rounds were
+triggered (the epoch had ended) 0.2-1.4 s before their group formed, and the worker waited that long in
+`opt.step`. With `assemble_when_triggered`, a leader whose round is triggered and who has a follower assembles its
+group at once (upstream's own path for an expired declaration), though not before the search has run half the
+matchmaking time, so that the followers of a round started without pre-scheduling still find it. Peers
+that have not joined by then average in the next round, as those that come after the expiration do upstream.
+
+`PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). The
+three settings are averager arguments (`swarm.averager_opts`); 0 / false gives upstream's behaviour, for
+side-by-side benchmarks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Optional
 
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.matchmaking import PotentialLeaders
 from hivemind.utils import get_dht_time
+from hivemind.utils.asyncio import cancel_and_wait
 
 __all__ = ["PacedAverager", "PacedPotentialLeaders", "DECLARE_INTERVAL", "poll_interval"]
 
@@ -64,18 +75,60 @@ class _PacedReads:
 
 
 class PacedPotentialLeaders(PotentialLeaders):
-    def __init__(self, *args, poll_interval: float, **kwargs):
+    def __init__(self, *args, poll_interval: float, assemble_when_triggered: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.poll_interval = poll_interval
+        self.assemble_when_triggered = assemble_when_triggered
+        self.matchmaking = None  # the Matchmaking these leaders belong to (its followers), set by PacedAverager
+        self._step, self._search_began = None, 0.0
 
     async def _update_queue_periodically(self, key_manager) -> None:
         await super()._update_queue_periodically(_PacedReads(key_manager, self.poll_interval))
+
+    @contextlib.asynccontextmanager
+    async def begin_search(self, step, key_manager, declare: bool = True):
+        self._step, self._search_began = step, time.monotonic()
+        try:
+            async with super().begin_search(step, key_manager, declare) as search:
+                yield search
+        finally:
+            self._step = None
+
+    async def pop_next_leader(self):
+        # Upstream returns the next leader to ask, or raises TimeoutError when this peer's own declaration expires;
+        # its caller then assembles the group this peer leads. Here that also happens once this peer's round is
+        # triggered (the epoch ended) and someone follows it: see the module's docstring.
+        popping = asyncio.ensure_future(super().pop_next_leader())
+        if not self.assemble_when_triggered or self._step is None or self.matchmaking is None:
+            return await popping
+        due = asyncio.ensure_future(self._round_due())
+        try:
+            await asyncio.wait({popping, due}, return_when=asyncio.FIRST_COMPLETED)
+            if due.done() and not due.cancelled() and due.exception() is None:  # not a cancelled step
+                while not popping.done():
+                    if self._leads_a_group():
+                        raise asyncio.TimeoutError("this peer's round is due: it assembles the group it leads")
+                    await asyncio.wait({popping}, timeout=self.poll_interval or 0.1)  # a follower may still come
+            return await popping
+        finally:
+            for task in (popping, due):
+                if not task.done():
+                    await cancel_and_wait(task)
+
+    async def _round_due(self) -> None:
+        """Returns once this peer's round is triggered and the search has run half the matchmaking time."""
+        await self._step.wait_for_trigger()
+        await asyncio.sleep(max(0.0, self._search_began + self.min_matchmaking_time / 2 - time.monotonic()))
+
+    def _leads_a_group(self) -> bool:
+        matchmaking = self.matchmaking
+        return len(matchmaking.current_followers) + 1 >= matchmaking.min_group_size
 
 
 class PacedAverager(DecentralizedAverager):
     def __init__(
         self, *args, matchmaking_poll_interval: Optional[float] = None, declare_interval: float = DECLARE_INTERVAL,
-        **kwargs,
+        assemble_when_triggered: bool = True, **kwargs,
     ):
         # set before upstream's __init__, which starts the averager's process (fork copies these); 5.0 is
         # upstream's default matchmaking time
@@ -83,6 +136,7 @@ class PacedAverager(DecentralizedAverager):
         if declare_interval < 0:
             raise ValueError(f"declare_interval must be >= 0 seconds, not {declare_interval}")
         self.declare_interval = declare_interval
+        self.assemble_when_triggered = assemble_when_triggered
         super().__init__(*args, **kwargs)
 
     @property
@@ -96,12 +150,13 @@ class PacedAverager(DecentralizedAverager):
     def _matchmaking(self, matchmaking) -> None:
         # upstream builds its Matchmaking inside the averager's process (averager.py l.289); its leaders are swapped
         # for paced ones before any search begins
-        if self.matchmaking_poll_interval > 0:
+        if self.matchmaking_poll_interval > 0 or self.assemble_when_triggered:
             leaders = matchmaking.potential_leaders
             matchmaking.potential_leaders = PacedPotentialLeaders(
                 leaders.peer_id, leaders.min_matchmaking_time, leaders.target_group_size,
-                poll_interval=self.matchmaking_poll_interval,
+                poll_interval=self.matchmaking_poll_interval, assemble_when_triggered=self.assemble_when_triggered,
             )
+            matchmaking.potential_leaders.matchmaking = matchmaking
         self.__dict__["_matchmaking"] = matchmaking
 
     async def _declare_for_download_periodically(self):

@@ -75,6 +75,75 @@ def test_a_paced_follower_finds_its_leader_within_one_interval():
     assert 0.5 <= seconds <= 0.5 + 0.2 + 0.15
 
 
+# --- a leader assembles its group when its own round is due ---------------------------------------------------
+
+
+def _lead(*, assemble_when_triggered=True, trigger_after=0.3, follower_after=0.0, cancel=False, seconds=1.5,
+          min_matchmaking_time=0.4):
+    """This peer leads (nobody better declared itself; its own declaration never expires here): its round is triggered
+    after `trigger_after` s (or cancelled), a follower joins it after `follower_after` s (None: nobody). Returns
+    (what pop_next_leader did: "assemble" for the TimeoutError upstream's caller assembles on, "waiting" if it still
+    waited after `seconds`), seconds it took."""
+
+    async def scenario():
+        trigger = asyncio.get_running_loop().create_future()
+
+        async def wait_for_trigger():
+            await trigger
+
+        matchmaking = SimpleNamespace(current_followers={}, min_group_size=2)
+        leaders = PacedPotentialLeaders(OWN, min_matchmaking_time, None, poll_interval=0.05,
+                                        assemble_when_triggered=assemble_when_triggered)
+        leaders.matchmaking = matchmaking
+        step = SimpleNamespace(deadline=get_dht_time() + 30, wait_for_trigger=wait_for_trigger)
+        loop = asyncio.get_running_loop()
+        loop.call_later(trigger_after, trigger.cancel if cancel else lambda: trigger.set_result(None))
+        if follower_after is not None:
+            loop.call_later(follower_after, matchmaking.current_followers.__setitem__, OTHER, "join request")
+        started = time.monotonic()
+        async with leaders.begin_search(step, _GroupKey(), declare=False):
+            try:
+                await asyncio.wait_for(leaders.pop_next_leader(), seconds)
+            except asyncio.TimeoutError as e:
+                return ("assemble" if "round is due" in str(e) else "waiting"), time.monotonic() - started
+        return "returned a leader", time.monotonic() - started
+
+    return asyncio.run(scenario())
+
+
+def test_upstream_leader_waits_for_its_declaration_to_expire_after_its_round_is_due():
+    outcome, _ = _lead(assemble_when_triggered=False)
+    assert outcome == "waiting"
+
+
+def test_a_triggered_leader_with_a_follower_assembles_at_once():
+    outcome, seconds = _lead(trigger_after=0.3)
+    assert outcome == "assemble"
+    assert 0.3 <= seconds <= 0.3 + 0.15
+
+
+def test_a_leader_triggered_early_in_the_search_gives_followers_half_the_matchmaking_time():
+    outcome, seconds = _lead(trigger_after=0.0, min_matchmaking_time=1.0)
+    assert outcome == "assemble"
+    assert 0.5 <= seconds <= 0.5 + 0.15
+
+
+def test_a_triggered_leader_without_followers_waits_for_one():
+    outcome, seconds = _lead(trigger_after=0.2, follower_after=0.6)
+    assert outcome == "assemble"
+    assert 0.6 <= seconds <= 0.6 + 0.05 + 0.15
+    outcome, _ = _lead(trigger_after=0.2, follower_after=None)
+    assert outcome == "waiting"
+
+
+def test_a_cancelled_round_assembles_nothing():
+    outcome, _ = _lead(trigger_after=0.2, cancel=True)
+    assert outcome == "waiting"
+
+
+# --- declarations --------------------------------------------------------------------------------------------
+
+
 class _Declaring(PacedAverager):
     """What `_declare_for_download_periodically` reads of an averager, with a DHT that records each store (no
     process: upstream's __init__ is not called, and its properties are plain attributes here)."""
@@ -84,7 +153,7 @@ class _Declaring(PacedAverager):
 
     def __init__(self, declare_interval: float):
         self.declare_interval, self.declare_state_period = declare_interval, 30.0
-        self.matchmaking_poll_interval = 0.0
+        self.matchmaking_poll_interval, self.assemble_when_triggered = 0.0, False
         self._matchmaking = SimpleNamespace(group_key_manager=SimpleNamespace(prefix="run_state_averager"))
         self._state_updated = asyncio.Event()
         self.stores = []
@@ -142,14 +211,14 @@ def test_every_swarmd_averager_gets_paced_leaders_when_upstream_builds_its_match
         assert issubclass(averager_type, PacedAverager), averager_type
         averager = object.__new__(averager_type)  # no process: only the attribute hook is under test
         averager._parent_pid = None  # what upstream's __del__ reads: not this process's averager
-        averager.matchmaking_poll_interval = 0.3
+        averager.matchmaking_poll_interval, averager.assemble_when_triggered = 0.3, True
         with pytest.raises(AttributeError):
             averager._matchmaking  # noqa: B018 - upstream reads it only after building it; before, as if unset
-        averager._matchmaking = SimpleNamespace(potential_leaders=PotentialLeaders(OWN, 3.0, 4))
+        averager._matchmaking = matchmaking = SimpleNamespace(potential_leaders=PotentialLeaders(OWN, 3.0, 4))
         leaders = averager._matchmaking.potential_leaders
         assert isinstance(leaders, PacedPotentialLeaders)
         assert (leaders.peer_id, leaders.min_matchmaking_time, leaders.target_group_size) == (OWN, 3.0, 4)
-        assert leaders.poll_interval == 0.3
+        assert (leaders.poll_interval, leaders.assemble_when_triggered, leaders.matchmaking) == (0.3, True, matchmaking)
 
 
 def test_the_default_poll_interval_is_a_tenth_of_the_matchmaking_time_and_a_negative_one_is_refused():
