@@ -7,10 +7,14 @@ Other peers only poll the progress key every `min_refresh_period` (0.5 s by defa
 from each peer's samples/s, so publishing more often than that buys them nothing.
 
 This subclass publishes at once whatever changes the swarm's bookkeeping (a new epoch, a reset of the
-accumulated samples) and coalesces plain sample counts to at most one publication per `report_interval`. The
-newest count is never lost: a count held back is published by the next step after the interval or, when no
-step follows (the worker waits on averaging), by a timer when the interval is up.
-Set the interval with `swarm.tracker_opts: {report_interval: SECONDS}`; 0 publishes after every step as upstream.
+accumulated samples) and coalesces plain sample counts to at most one publication per interval. The interval is
+`report_interval` near the end of the epoch and a quarter of the estimated time to it further away, at most
+`max_refresh_period` (10 s): other peers extrapolate each record by its samples/s, and they fetch the key at
+about ETA x peers / (peers + 3) themselves, so on an epoch of minutes a count every 0.5 s was ~100 signed stores
+per epoch where ~10 tell them as much. The newest count is never lost: a count held back is published by the next
+step after the interval or, when no step follows (the worker waits on averaging), by a timer when the interval
+is up. Set the minimum with `swarm.tracker_opts: {report_interval: SECONDS}`; 0 publishes after every step as
+upstream.
 
 It also fixes when a peer counts as taking part. Upstream's reporter publishes only while the peer "reported
 samples" in the current or the previous global epoch, and it judges that from the sample count it reads when it
@@ -121,16 +125,25 @@ class ThrottledProgressTracker(ProgressTracker):
             if store_task is not None:
                 store_task.cancel()
 
+    def publication_interval(self) -> float:
+        """Seconds between publications of plain sample counts: a quarter of the estimated time to the epoch's
+        end, within [report_interval, max_refresh_period]; 0 (every step) if report_interval is 0."""
+        if self.report_interval <= 0:
+            return 0.0
+        time_to_epoch_end = self.global_progress.eta_next_epoch - get_dht_time()
+        return min(max(self.report_interval, time_to_epoch_end / 4), max(self.report_interval, self.max_refresh_period))
+
     def _request_publication(self, urgent: bool) -> None:
         with self._publication_lock:
             now = time.monotonic()
-            if urgent or now - self._last_published >= self.report_interval:
+            interval = self.publication_interval()
+            if urgent or now - self._last_published >= interval:
                 self._publish_locked(now)
                 return
             self._held_back = True
             if self._flush_timer is None or not self._flush_timer.is_alive():
                 # if no step follows (the worker waits on averaging), the held-back count goes out when due
-                delay = self._last_published + self.report_interval - now
+                delay = self._last_published + interval - now
                 self._flush_timer = threading.Timer(delay, self._flush)
                 self._flush_timer.daemon = True
                 self._flush_timer.start()

@@ -3,12 +3,15 @@
 A real DHT (with its p2pd) on 127.0.0.1; publications are counted by wrapping the tracker's DHT handle.
 """
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
 hivemind = pytest.importorskip("hivemind")
+
+from hivemind.utils import get_dht_time  # noqa: E402
 
 from swarmd.swarm.progress import ThrottledProgressTracker  # noqa: E402
 
@@ -35,10 +38,14 @@ def tracker_on_dht():
     dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     trackers = []
 
-    def make(report_interval: float) -> tuple[ThrottledProgressTracker, CountingDHT]:
+    def make(report_interval: float, epoch_ends_in: float = 1.0) -> tuple[ThrottledProgressTracker, CountingDHT]:
         tracker = ThrottledProgressTracker(
             dht=dht, prefix=f"throttle{len(trackers)}", target_batch_size=10**9, report_interval=report_interval,
             start=False,
+        )
+        # the swarm's estimate of the epoch's end, as a fetch would have left it; no fetch changes it during a test
+        tracker.global_progress = dataclasses.replace(
+            tracker.global_progress, eta_next_epoch=get_dht_time() + epoch_ends_in, next_fetch_time=get_dht_time() + 600
         )
         counting = CountingDHT(dht)
         tracker.dht = counting
@@ -80,6 +87,28 @@ def test_sample_counts_are_coalesced_and_the_newest_is_published(tracker_on_dht)
     assert 2 <= publications <= elapsed / 0.5 + 2, (publications, elapsed)
     times = [t for t, _ in counting.stores]
     assert all(b - a >= 0.3 for a, b in zip(times, times[1:])), times
+
+
+def test_far_from_the_epoch_end_counts_go_out_every_quarter_of_the_time_left(tracker_on_dht):
+    tracker, counting = tracker_on_dht(report_interval=0.5, epoch_ends_in=20.0)
+    assert tracker.publication_interval() == pytest.approx(5.0, abs=0.1)
+    started = time.monotonic()
+    for step in range(1, 61):  # about 2 s of steps: only the first count goes out in them
+        tracker.report_local_progress(local_epoch=0, samples_accumulated=step * 32)
+        time.sleep(1 / 30)
+    assert published_samples(counting) == [32]
+    # the newest count is held back until the interval is up, then published though no step follows
+    assert wait_until(lambda: published_samples(counting)[-1:] == [60 * 32], timeout=6.0), published_samples(counting)
+    assert counting.stores[-1][0] - started >= 4.5
+
+
+def test_the_interval_is_a_quarter_of_the_time_left_between_report_interval_and_max_refresh_period(tracker_on_dht):
+    tracker, _ = tracker_on_dht(report_interval=0.5)
+    for time_left, interval in ((0.4, 0.5), (1.0, 0.5), (8.0, 2.0), (30.0, 7.5), (600.0, 10.0), (-3.0, 0.5)):
+        tracker.global_progress.eta_next_epoch = get_dht_time() + time_left
+        assert tracker.publication_interval() == pytest.approx(interval, abs=0.05), time_left
+    tracker.report_interval = 0.0
+    assert tracker.publication_interval() == 0.0  # every step, as upstream
 
 
 def test_a_new_epoch_is_published_at_once(tracker_on_dht):
