@@ -139,10 +139,13 @@ def main() -> None:
     rows = []
     for name, runs in results.items():
         rates = [r["rate"] for r in runs]
+        # each repeat against the solo run next to it: the machine's speed drifts between repeats
+        per_repeat = [r["rate"] / s["rate"] for r, s in zip(runs, results["solo"])]
         rows.append([
             name,
             summary(rates),
             f"{statistics.median(rates) / solo:.2f}",
+            summary(per_repeat) if name != "solo" else "-",
             f"{statistics.median(r['wait'] for r in runs):.2f}",
             f"{statistics.median(r['epochs_per_min'] for r in runs):.1f}",
             f"{statistics.median(r['bytes_per_epoch'] for r in runs) / 1e6:.2f}" if name != "solo" else "-",
@@ -153,7 +156,7 @@ def main() -> None:
         f"Swarm utilization: micro Swin (0.54M params, {MODEL_BYTES / 1e6:.1f} MB fp32), batch 32, 1 thread per peer, "
         f"target batch {args.target_batch_size}, matchmaking {args.matchmaking_time:g} s; window {args.window:g} s "
         f"after {args.warmup:g} s warm-up, {args.repeats} repeats\n{machine()}",
-        ["strategy", "samples/s per peer median [min..max]", "vs solo", "time in opt.step", "epochs/min",
+        ["strategy", "samples/s per peer median [min..max]", "vs solo", "vs solo per repeat", "time in opt.step", "epochs/min",
          "MB sent/epoch/peer", "rounds averaged (min)", "failed in window (max)"],
         rows,
     )

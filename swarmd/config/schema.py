@@ -263,13 +263,15 @@ class SwarmConfig(StrictModel):
         description="Extra keyword arguments for hivemind's averagers (advanced), plus swarmd's "
         "matchmaking_poll_interval (seconds between matchmaking reads of the DHT; default matchmaking_time / 10), "
         "declare_interval (seconds that changes to the state declaration coalesce; default 1) and "
-        "assemble_when_triggered (a leader starts its round once it is due and someone follows; default true); "
+        "assemble_when_triggered (a leader starts its gradient round once it is due and someone follows; default "
+        "true for the gradient averager only); "
         "0 / false: hivemind's behaviour (swarm/averager_pace.py).",
     )
     tracker_opts: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for hivemind's ProgressTracker (advanced), plus report_interval: "
-        "seconds between progress publications to the DHT (default 0.5; 0: after every step, as upstream).",
+        "the least seconds between progress publications to the DHT (default 0.5; further from the epoch's end they "
+        "go out every quarter of the time left, at most every max_refresh_period; 0: after every step, as upstream).",
     )
     strategy: Literal["sync", "diloco"] = Field(
         "sync",

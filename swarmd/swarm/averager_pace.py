@@ -18,12 +18,15 @@ the caller's process, and most are also a request to the other peer's DHT. Two l
   are upstream's.
 
 And one wait: a pre-scheduled round's group is assembled when the leader's declaration expires, at the end of the
-epoch as estimated when the round was scheduled, ~2 s earlier. The estimate was often late: half the rounds were
-triggered (the epoch had ended) 0.2-1.4 s before their group formed, and the worker waited that long in
-`opt.step`. With `assemble_when_triggered`, a leader whose round is triggered and who has a follower assembles its
-group at once (upstream's own path for an expired declaration), though not before the search has run half the
-matchmaking time, so that the followers of a round started without pre-scheduling still find it. Peers
-that have not joined by then average in the next round, as those that come after the expiration do upstream.
+epoch as estimated when the round was scheduled, ~2 s earlier. The estimate was often late: half the gradient
+rounds were triggered (the epoch had ended) 0.2-1.4 s before their group formed, and the worker waited that long
+in `opt.step`. With `assemble_when_triggered`, a leader whose round is triggered and who has a follower assembles
+its group at once (upstream's own path for an expired declaration), though not before the search has run half
+the matchmaking time, so that the followers of a round started without pre-scheduling still find it. Peers that
+have not joined by then average in the next round, as those that come after the expiration do upstream. Only
+the gradient averager turns it on (swarm/optimizer.py): all its peers are triggered by one event, the swarm's
+epoch end. A DiLoCo outer round is triggered by each peer's own H-th step, and a fast leader that assembled at its
+own would leave the slower members' parts to time out in the all-reduce; those rounds keep the scheduled time.
 
 `PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). The
 three settings are averager arguments (`swarm.averager_opts`); 0 / false gives upstream's behaviour, for
@@ -128,7 +131,7 @@ class PacedPotentialLeaders(PotentialLeaders):
 class PacedAverager(DecentralizedAverager):
     def __init__(
         self, *args, matchmaking_poll_interval: Optional[float] = None, declare_interval: float = DECLARE_INTERVAL,
-        assemble_when_triggered: bool = True, **kwargs,
+        assemble_when_triggered: bool = False, **kwargs,
     ):
         # set before upstream's __init__, which starts the averager's process (fork copies these); 5.0 is
         # upstream's default matchmaking time

@@ -15,7 +15,8 @@
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
 - when a state average is applied, how far this peer's parameters were from it is measured (the drift);
-- progress is published to the DHT at most every 0.5 s instead of after every step (swarm/progress.py).
+- progress is published to the DHT every quarter of the time left to the epoch's end (0.5-10 s) instead of
+  after every step (swarm/progress.py); every averager paces its DHT requests (swarm/averager_pace.py).
 `build_sync_optimizer` maps the `swarm:` config section onto its arguments (swarm/strategy.py dispatches).
 """
 
@@ -206,6 +207,12 @@ class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllo
 
     _upstream = GradientAverager
     round_weight: Optional[float] = None  # None: the samples accumulated, as upstream; catching up: CATCHING_UP_WEIGHT
+
+    def __init__(self, *args, **kwargs):
+        # every peer's gradient round is triggered by the same event (the swarm's epoch end), so a leader whose round
+        # is due need not wait for the stale scheduled time (swarm/averager_pace.py)
+        kwargs.setdefault("assemble_when_triggered", True)
+        super().__init__(*args, **kwargs)
 
     def step(self, weight: Optional[float] = None, *args, **kwargs):
         return super().step(self.round_weight if weight is None else weight, *args, **kwargs)

@@ -4,6 +4,7 @@ Each test runs hivemind's own loop (`PotentialLeaders.pop_next_leader` and `_upd
 averager's declaration loop) against a fake DHT that counts requests, upstream's way and swarmd's side by side."""
 
 import asyncio
+import inspect
 import time
 from types import SimpleNamespace
 
@@ -227,3 +228,19 @@ def test_the_default_poll_interval_is_a_tenth_of_the_matchmaking_time_and_a_nega
     assert poll_interval(0, 2.0) == 0  # upstream's back-to-back reads
     with pytest.raises(ValueError, match="matchmaking_poll_interval must be >= 0"):
         poll_interval(-1.0, 2.0)
+
+
+def test_only_the_gradient_averager_assembles_when_triggered_unless_told(monkeypatch):
+    from hivemind.optim.grad_averager import GradientAverager
+
+    from swarmd.swarm.optimizer import _AdmittingGradientAverager
+
+    seen = []
+    monkeypatch.setattr(GradientAverager, "__init__", lambda self, *args, **kwargs: seen.append(kwargs))
+    for opts in ({}, {"assemble_when_triggered": False}):
+        averager = object.__new__(_AdmittingGradientAverager)
+        averager._parent_pid = None
+        _AdmittingGradientAverager.__init__(averager, **opts)
+    assert [kwargs["assemble_when_triggered"] for kwargs in seen] == [True, False]
+    # every other averager starts with upstream's scheduled assembly
+    assert inspect.signature(PacedAverager.__init__).parameters["assemble_when_triggered"].default is False
