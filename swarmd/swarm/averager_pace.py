@@ -22,8 +22,10 @@ epoch as estimated when the round was scheduled, ~2 s earlier. The estimate was 
 rounds were triggered (the epoch had ended) 0.2-1.4 s before their group formed, and the worker waited that long
 in `opt.step`. With `assemble_when_triggered`, a leader whose round is triggered and who has a follower assembles
 its group at once (upstream's own path for an expired declaration), though not before the search has run half
-the matchmaking time, so that the followers of a round started without pre-scheduling still find it. Peers that
-have not joined by then average in the next round, as those that come after the expiration do upstream. Only
+the matchmaking time. Peers that
+have not joined by then average in the next round, as those that come after the expiration do upstream. A round
+that was not pre-scheduled (due within a tenth of the matchmaking time of its search's start) keeps upstream's
+whole matchmaking time. Only
 the gradient averager turns it on (swarm/optimizer.py): all its peers are triggered by one event, the swarm's
 epoch end. A DiLoCo outer round is triggered by each peer's own H-th step, and a fast leader that assembled at its
 own would leave the slower members' parts to time out in the all-reduce; those rounds keep the scheduled time.
@@ -107,7 +109,7 @@ class PacedPotentialLeaders(PotentialLeaders):
         due = asyncio.ensure_future(self._round_due())
         try:
             await asyncio.wait({popping, due}, return_when=asyncio.FIRST_COMPLETED)
-            if due.done() and not due.cancelled() and due.exception() is None:  # not a cancelled step
+            if due.done() and not due.cancelled() and due.exception() is None and due.result():
                 while not popping.done():
                     if self._leads_a_group():
                         raise asyncio.TimeoutError("this peer's round is due: it assembles the group it leads")
@@ -117,11 +119,22 @@ class PacedPotentialLeaders(PotentialLeaders):
             for task in (popping, due):
                 if not task.done():
                     await cancel_and_wait(task)
+                elif not task.cancelled():
+                    # marked retrieved: when this search is cancelled (a shutdown) just as upstream's pop raised its
+                    # "re-declared" TimeoutError, asyncio would log that as an error with a traceback at exit
+                    task.exception()
 
-    async def _round_due(self) -> None:
-        """Returns once this peer's round is triggered and the search has run half the matchmaking time."""
+    async def _round_due(self) -> bool:
+        """Once this peer's round is triggered: whether it may assemble early (then not before the search has run
+        half the matchmaking time). A round already due as its search began (within a tenth of the matchmaking
+        time, the trainer's trigger follows the start at once) was not pre-scheduled: its peers start looking when
+        their own epochs end, and they need the whole matchmaking time. A cancelled step raises here."""
         await self._step.wait_for_trigger()
-        await asyncio.sleep(max(0.0, self._search_began + self.min_matchmaking_time / 2 - time.monotonic()))
+        waited = time.monotonic() - self._search_began
+        if waited < self.min_matchmaking_time / POLLS_PER_MATCHMAKING:
+            return False
+        await asyncio.sleep(max(0.0, self.min_matchmaking_time / 2 - waited))
+        return True
 
     def _leads_a_group(self) -> bool:
         matchmaking = self.matchmaking

@@ -124,9 +124,15 @@ def test_a_triggered_leader_with_a_follower_assembles_at_once():
 
 
 def test_a_leader_triggered_early_in_the_search_gives_followers_half_the_matchmaking_time():
-    outcome, seconds = _lead(trigger_after=0.0, min_matchmaking_time=1.0)
+    outcome, seconds = _lead(trigger_after=0.2, min_matchmaking_time=1.0)
     assert outcome == "assemble"
     assert 0.5 <= seconds <= 0.5 + 0.15
+
+
+def test_a_round_due_when_its_search_began_keeps_the_whole_matchmaking_time():
+    # not pre-scheduled: every peer only starts looking when its own epoch ends
+    outcome, _ = _lead(trigger_after=0.01, min_matchmaking_time=1.0)
+    assert outcome == "waiting"
 
 
 def test_a_triggered_leader_without_followers_waits_for_one():
