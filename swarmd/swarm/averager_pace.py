@@ -3,7 +3,7 @@
 
 In a pinned sync pair (micro Swin, epochs of ~3.5 s, matchmaking 2 s) the DHT process of each peer answered about
 60 requests a second from the gradient averager alone and used 0.12 of the core the training needs
-(docs/PERFORMANCE.md section 10). Each request is a pickled MPFuture whose reply pipe the DHT process fetches from
+(docs/PERFORMANCE.md section 11). Each request is a pickled MPFuture whose reply pipe the DHT process fetches from
 the caller's process, and most are also a request to the other peer's DHT. Two loops of hivemind 1.1.12 made them:
 
 - Matchmaking. While a peer looks for a group and knows no better leader than itself (the leader of a pair always
@@ -22,13 +22,12 @@ epoch as estimated when the round was scheduled, ~2 s earlier. The estimate was 
 rounds were triggered (the epoch had ended) 0.2-1.4 s before their group formed, and the worker waited that long
 in `opt.step`. With `assemble_when_triggered`, a leader whose round is triggered and who has a follower assembles
 its group at once (upstream's own path for an expired declaration), though not before the search has run half
-the matchmaking time. Peers that
-have not joined by then average in the next round, as those that come after the expiration do upstream. A round
-that was not pre-scheduled (due within a tenth of the matchmaking time of its search's start) keeps upstream's
-whole matchmaking time. Only
-the gradient averager turns it on (swarm/optimizer.py): all its peers are triggered by one event, the swarm's
-epoch end. A DiLoCo outer round is triggered by each peer's own H-th step, and a fast leader that assembled at its
-own would leave the slower members' parts to time out in the all-reduce; those rounds keep the scheduled time.
+the matchmaking time. Peers that have not joined by then average in the next round, as those that come after the
+expiration do upstream. A round that was not pre-scheduled (due within a tenth of the matchmaking time of its
+search's start) keeps upstream's whole matchmaking time. Only the gradient averager turns it on
+(swarm/optimizer.py): all its peers are triggered by one event, the swarm's epoch end. A DiLoCo outer round is
+triggered by each peer's own H-th step, and a fast leader that assembled at its own would leave the slower
+members' parts to time out in the all-reduce; those rounds keep the scheduled time.
 
 `PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). The
 three settings are averager arguments (`swarm.averager_opts`); 0 / false gives upstream's behaviour, for
