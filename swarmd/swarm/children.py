@@ -157,4 +157,5 @@ def process_name(pid: int) -> str:
 
 
 def _describe_pids(pids: list[int]) -> str:
-    return ", ".join(f"{process_name(pid)}[{pid}]" if process_name(pid) else str(pid) for pid in pids)
+    names = [(process_name(pid), pid) for pid in pids]  # each read once: a process may end between two reads
+    return ", ".join(f"{name}[{pid}]" if name else str(pid) for name, pid in names)
