@@ -24,17 +24,17 @@ VARIANTS = {"paced": "sync", "unpaced": "sync-unpaced", "scheduled": "sync-sched
 
 
 def process_totals(pid: int) -> tuple[float, int]:
-    """(CPU seconds, context switches) of all threads of a process so far."""
-    seconds, switches = 0.0, 0
+    """(CPU seconds, context switches) of a process so far. /proc/PID/stat counts the CPU of all its threads, ended
+    ones too; the switches are only counted per thread (/proc/PID/status has the main thread's)."""
+    switches = 0
     for tid in Path(f"/proc/{pid}/task").iterdir():
         try:
-            seconds += cpu_seconds(str(tid / "stat"))
             for line in (tid / "status").read_text().splitlines():
                 if "ctxt_switches:" in line:  # voluntary and involuntary
                     switches += int(line.split()[1])
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-    return seconds, switches
+    return cpu_seconds(f"/proc/{pid}/stat"), switches
 
 
 PYTHON_CHILDREN = ("DHT process", "state averager", "gradient averager")  # the order a sync peer forks them in
