@@ -62,6 +62,7 @@ class Daemon:
         self._signals: Optional[StopSignals] = None
         self._reload_signal = ReloadSignal(self._reload)
         self._exit_code = ExitCode.OK
+        self._worker_threads = 0  # the worker's CPU threads, reserved before any torch work (_build_model)
 
     # --- run -----------------------------------------------------------------------------------------------
 
@@ -126,7 +127,11 @@ class Daemon:
         from swarmd.logs import route_hivemind_logs
         from swarmd.seeds import seed_everything
         from swarmd.swarm.children import tie_children_to_this_process
+        from swarmd.worker.threads import reserve_threads_for_worker
 
+        # Before any thread computes: one that ever runs torch with N threads keeps an OpenMP team of N for good,
+        # and a team too many makes the worker's own team sleep between kernels (worker/threads.py).
+        self._worker_threads = reserve_threads_for_worker(self.config.training.threads)
         route_hivemind_logs(self.config.logging.hivemind_level)
         tie_children_to_this_process()
         self._check_stop()
@@ -266,7 +271,6 @@ class Daemon:
         return ranks
 
     def _start_worker(self, device, checkpoint):
-        from swarmd.worker.threads import reserve_threads_for_worker
         from swarmd.seeds import peer_data_seed
         from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
@@ -287,7 +291,7 @@ class Daemon:
             device=device,
             ranks=runtime.ranks,
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
-            threads=reserve_threads_for_worker(self.config.training.threads),
+            threads=self._worker_threads,
             save_checkpoint=save,
             resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
             start_values=self.identity.start_values,
