@@ -111,3 +111,17 @@ def test_a_native_crash_prints_every_threads_stack_and_leaves_no_process(daemons
     # every thread's stack, with its frames ("Current thread 0x..." only when the signal landed on a Python thread)
     assert "(most recent call first)" in log and 'File "' in log, peer.tail()
     assert peer.leftover_processes(grace=10) == []
+
+
+def test_only_the_worker_computes_with_several_threads(daemons, test_tasks_env):
+    """A thread that ran torch with N threads keeps an OpenMP team of N; one team too many on a 2-core peer made the
+    worker's team sleep between kernels (swarmd/worker/threads.py). So the threads are reserved before the model is
+    built: the build thread computes with one, the worker with `training.threads`."""
+    config = faulty(log_threads=True)
+    config["training"]["threads"] = 2
+    # the tests run with OMP_NUM_THREADS=1 (conftest); a machine without it gives every thread one per core
+    peer = daemons("threads", config, env={**test_tasks_env, "OMP_NUM_THREADS": "2"})
+    peer.wait_for(lambda: "step 1 computes with" in peer.log, 120, "the first step")
+    assert "faulty: the model is built with 1 CPU threads" in peer.log
+    assert "faulty: step 1 computes with 2 CPU threads" in peer.log
+    assert peer.terminate() == 0
