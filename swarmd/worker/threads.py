@@ -8,7 +8,8 @@ its own threads, the daemon builds the model on others: with torch's default, th
 step of a 2-core peer from 520 to 340 samples/s (benchmarks/solo_overhead.py, docs/PERFORMANCE.md).
 
 So the process-wide setting is one thread (every thread initialises its OpenMP thread count from it on first
-use), and the worker alone raises its own, thread-local, OpenMP count to N. A team, once made, stays for the
+use), and the worker alone raises its own, thread-local, OpenMP count to N, and MKL's (the matrix products), which
+MKL keeps apart from OpenMP's. A team, once made, stays for the
 life of the process: the daemon reserves the threads before any thread runs torch (its model-building phase).
 Reserved after the model and the optimizer were built, as it was until 2026-12-02, the build thread's and the
 loop thread's teams were already there, and a 2-thread solo peer ran at 282 samples/s instead of 390.
@@ -43,6 +44,11 @@ def use_threads_in_this_thread(threads: int) -> None:
         torch.set_num_threads(threads)  # another OpenMP runtime: the process-wide setting is all there is
     else:
         gomp.omp_set_num_threads(threads)  # thread-local in libgomp; torch.get_num_threads() follows it
+        # MKL keeps its own per-thread count, which torch's initialisation above set to 1: left there, every matrix
+        # product of the worker ran on one thread (a 2-thread peer's sgemm took 2x as long).
+        set_mkl_threads = _mkl_local_thread_setter()
+        if set_mkl_threads is not None:
+            set_mkl_threads(threads)
     logger.debug("training with %d CPU threads", torch.get_num_threads())
 
 
@@ -53,3 +59,17 @@ def _libgomp() -> Optional[ctypes.CDLL]:
     except OSError:
         return None
     return ctypes.CDLL(paths[0]) if paths else None
+
+
+def _mkl_local_thread_setter():
+    """MKL_Set_Num_Threads_Local of MKL's C interface (the count by value), statically linked into PyTorch's x86
+    wheels; None where there is no MKL."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if line.rstrip().endswith("/libtorch_cpu.so")})
+    except OSError:
+        return None
+    function = getattr(ctypes.CDLL(paths[0]), "MKL_Set_Num_Threads_Local", None) if paths else None
+    if function is not None:
+        function.argtypes, function.restype = [ctypes.c_int], None
+    return function
