@@ -18,6 +18,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from daemons import DaemonProcess, peer_config  # noqa: E402,F401 - re-exported for the benchmarks
 
+from swarmd.swarm.children import process_name  # noqa: E402,F401 - re-exported: "p2pd", "python", ... by /proc comm
+
 __all__ = [
     "REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate",
     "install_testtasks", "p2pd_bytes", "pinned", "pinned_pair", "cpu_seconds", "process_name", "HivemindPeer",
@@ -141,12 +143,3 @@ def cpu_seconds(stat_path: str) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
-
-def process_name(pid: int) -> str:
-    """The name "p2pd" for hivemind's p2p daemon, else the process's comm name."""
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmd = f.read().split(b"\0")
-    if cmd and cmd[0].endswith(b"p2pd"):
-        return "p2pd"
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().strip()
