@@ -9,6 +9,10 @@ an optimizer step (hivemind's happens once per global epoch). Repetitions are in
 Also measured: the CPU seconds the ranks got (a busy machine shows it as a share below 1 core per rank) and the
 samples per CPU-second, which says what the ranks cost in work whatever else runs on the machine.
 
+And in the same interleaved run, a whole solo swarmd peer (`swarmd join`, hivemind's DHT, averagers and p2pd, an
+optimizer step per 1024 samples) with `training.devices: [cpu, cpu]` and with `[cpu]`, 1 thread per rank, on all
+the cores: its 2 ranks against the bare protocol's are what rank 0 pays for hosting hivemind beside its compute.
+
     python benchmarks/ranks.py [--repeats 3] [--seconds 8] [--batch-size 32]
 """
 
@@ -21,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_seconds, interleave, machine, print_table, summary
+from common import DaemonProcess, cpu_seconds, interleave, machine, measure_rate, peer_config, print_table, summary
 
 WARMUP_SECONDS = 2.0
 
@@ -100,12 +104,23 @@ def main() -> None:
 
                 return rate(step, args.seconds, [os.getpid(), *group.pids], cpu["2 ranks"])
 
-            results = interleave({"1 rank": one_rank, "2 ranks": two_ranks}, args.repeats)
+            peers = iter(range(1000))
+
+            def swarmd_peer(devices: list[str]) -> float:
+                return run_swarmd_peer(Path(tmp) / f"peer-{next(peers)}", str(Path(tmp) / "data"), devices,
+                                       cores, args)
+
+            results = interleave({
+                "1 rank": one_rank, "2 ranks": two_ranks,
+                "swarmd 1 rank": lambda: swarmd_peer(["cpu"]), "swarmd 2 ranks": lambda: swarmd_peer(["cpu", "cpu"]),
+            }, args.repeats)
             sync.lead_stop()
         finally:
             group.close(10)
 
     ratios = [two / one for one, two in zip(results["1 rank"], results["2 ranks"])]
+    peer_ratios = [two / one for one, two in zip(results["swarmd 1 rank"], results["swarmd 2 ranks"])]
+    hosting = [peer / bare for bare, peer in zip(results["2 ranks"], results["swarmd 2 ranks"])]
     print_table(
         f"Ranks inside one peer, micro Swin (0.54M params), batch {args.batch_size} per rank, 1 thread per rank, "
         f"{args.repeats} interleaved repeats of {args.seconds:.0f} s\n{machine()}",
@@ -115,10 +130,34 @@ def main() -> None:
          ["cores used, 1 rank", summary([c for c, _ in cpu["1 rank"]])],
          ["cores used, 2 ranks", summary([c for c, _ in cpu["2 ranks"]])],
          ["samples per CPU-second, 1 rank", summary([e for _, e in cpu["1 rank"]])],
-         ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])]],
+         ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])],
+         ["swarmd peer, 1 rank (all cores)", summary(results["swarmd 1 rank"])],
+         ["swarmd peer, 2 ranks (all cores)", summary(results["swarmd 2 ranks"])],
+         ["swarmd peer ratio 2/1 (per pair)", summary(peer_ratios)],
+         ["swarmd peer 2 ranks / bare 2 ranks", summary(hosting)]],
     )
     ratio = statistics.median(results["2 ranks"]) / statistics.median(results["1 rank"])
     print(f"\nratio of medians: {ratio:.3f} (goal >= 1.8)")
+
+
+def run_swarmd_peer(state_dir: Path, data: str, devices: list[str], cores: list[int], args) -> float:
+    """Samples/s of a solo `swarmd join` training the same task on `devices` (1 thread per rank), on all `cores`."""
+    config = peer_config(
+        task={"name": "swin", "eval_every_epochs": 0, "data": {"source": "generated", "num_workers": 0, "path": data}},
+        swarm={"target_batch_size": 1024},
+        training={"batch_size": args.batch_size, "devices": devices, "threads": 1, "seed": 0},
+        checkpoint={"enabled": False},
+        metrics={"enabled": False},
+    )
+    daemon = DaemonProcess(state_dir, config, name="swarmd")
+    daemon.args = ["taskset", "-c", ",".join(map(str, cores)), *daemon.args]  # not this process's core 0 alone
+    daemon.start()
+    try:
+        return measure_rate(daemon, warmup=5.0, duration=args.seconds)
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.terminate(timeout=60)
+        daemon.close()
 
 
 def rate(step, seconds: float, pids: list[int], cpu: list) -> float:
