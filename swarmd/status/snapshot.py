@@ -336,7 +336,8 @@ def progress_line(s: Snapshot, *, with_phase: bool = False) -> str:
     """
     parts = []
     if s.local_epoch is not None:
-        behind = s.global_epoch is not None and s.global_epoch != s.local_epoch
+        # only a swarm ahead is news: a swarm epoch below this peer's own is a view from before its own step
+        behind = s.global_epoch is not None and s.global_epoch > s.local_epoch
         parts.append(f"epoch {s.local_epoch}" + (f" (swarm at {s.global_epoch})" if behind else ""))
     if s.num_peers is not None:
         parts.append(f"{s.num_peers} peer" + ("" if s.num_peers == 1 else "s"))

@@ -23,6 +23,10 @@ def test_the_line_says_epoch_peers_rate_loss_and_the_last_round():
     assert progress_line(snapshot(global_epoch=12, num_peers=1, loss=None, last_averaging=None)) == (
         "epoch 12, 1 peer, 245.4 samples/s"
     )
+    # a view of the swarm from before this peer's own step (a solo peer's is, just after each of its epochs)
+    assert progress_line(snapshot(global_epoch=11, num_peers=1, loss=None, last_averaging=None)) == (
+        "epoch 12, 1 peer, 245.4 samples/s"
+    )
 
 
 def test_logs_at_most_once_per_interval_and_only_while_training(caplog):
