@@ -7,7 +7,9 @@ protocol's control broadcast, forward + backward on each rank, the stats all_gat
 all_reduce (parameters unchanged between steps, as between global steps with gradient averaging). Neither runs
 an optimizer step (hivemind's happens once per global epoch). Repetitions are interleaved. Goal: ratio >= 1.8.
 Also measured: the CPU seconds the ranks got (a busy machine shows it as a share below 1 core per rank) and the
-samples per CPU-second, which says what the ranks cost in work whatever else runs on the machine.
+samples per CPU-second, which says what the ranks cost in work whatever else runs on the machine. And the 1-rank
+loop again while an independent copy of it trains on core 1 (nothing shared with it): 2 ranks over twice that is
+what the protocol costs, apart from what the machine's cores cost each other when both compute.
 
 And in the same interleaved run, a whole solo swarmd peer (`swarmd join`, hivemind's DHT, averagers and p2pd, an
 optimizer step per 1024 samples) with `training.devices: [cpu, cpu]` and with `[cpu]`, 1 thread per rank, on all
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,43 +34,72 @@ from common import DaemonProcess, cpu_seconds, interleave, machine, measure_rate
 WARMUP_SECONDS = 2.0
 
 
+def micro_swin(state_dir: str, batch_size: int):
+    """(config, task) of the micro Swin with 2 CPU ranks of 1 thread, its data under `state_dir`, prepared."""
+    import torch
+
+    from swarmd.config import load_config
+    from swarmd.tasks.base import TaskContext
+    from swarmd.tasks.registry import resolve_task
+
+    config = load_config(
+        environ={},
+        flags={
+            "state_dir": state_dir,
+            "task.eval_every_epochs": 0,
+            "task.data.path": str(Path(state_dir) / "data"),
+            "training.batch_size": batch_size,
+            "training.devices": ["cpu", "cpu"],
+            "training.threads": 1,
+        },
+    )
+    task = resolve_task("swin")(
+        config.task.settings,
+        TaskContext(state_dir=config.state_path, device=torch.device("cpu"), precision="fp32",
+                    batch_size=batch_size, seed=0),
+    )
+    task.prepare()  # draws the image folder once, before the compute rank looks for it
+    return config, task
+
+
+def neighbour_loop(state_dir: str, batch_size: int) -> None:
+    """`--neighbour`: the 1-rank loop alone in its own process, until killed; says "ready" once warm."""
+    import torch
+
+    torch.set_num_threads(1)
+    _, task = micro_swin(state_dir, batch_size)
+    torch.manual_seed(0)
+    model = task.build_model()
+    for step, batch in enumerate(task.train_batches(7)):
+        task.training_step(model, batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+        if step == 5:
+            print("ready", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--neighbour", metavar="STATE_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.neighbour:
+        neighbour_loop(args.neighbour, args.batch_size)
+        return
 
     import torch
 
-    from swarmd.config import load_config
     from swarmd.ranks.group import RankGroup
     from swarmd.ranks.layout import rank_data_seed
     from swarmd.ranks.step_sync import StepSync
-    from swarmd.tasks.base import TaskContext
-    from swarmd.tasks.registry import resolve_task
 
     cores = sorted(os.sched_getaffinity(0))
-    cpu: dict[str, list[tuple[float, float]]] = {"1 rank": [], "2 ranks": []}  # (cores used, samples per CPU-second)
+    # (cores used, samples per CPU-second) of this process's ranks
+    cpu: dict[str, list[tuple[float, float]]] = {"1 rank": [], "2 ranks": [], "1 rank, neighbour": []}
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(
-            environ={},
-            flags={
-                "state_dir": tmp,
-                "task.eval_every_epochs": 0,
-                "task.data.path": str(Path(tmp) / "data"),
-                "training.batch_size": args.batch_size,
-                "training.devices": ["cpu", "cpu"],
-                "training.threads": 1,
-            },
-        )
-        task = resolve_task("swin")(
-            config.task.settings,
-            TaskContext(state_dir=config.state_path, device=torch.device("cpu"), precision="fp32",
-                        batch_size=args.batch_size, seed=0),
-        )
-        task.prepare()  # draws the image folder once, before the compute rank looks for it
+        config, task = micro_swin(tmp, args.batch_size)
         torch.manual_seed(0)
         model = task.build_model()
         batches = iter(task.train_batches(rank_data_seed(1, 0)))
@@ -84,14 +117,30 @@ def main() -> None:
             print(f"compute rank ready after {time.monotonic() - started:.1f} s", flush=True)
             sync = StepSync(model, rank=0, world_size=2, device=torch.device("cpu"), describe_failure=group.dead_rank)
 
-            def one_rank() -> float:
-                def step() -> int:
-                    output = task.training_step(model, next(batches))
-                    output.loss.backward()
-                    model.zero_grad(set_to_none=True)
-                    return output.batch_size
+            def one_rank_step() -> int:
+                output = task.training_step(model, next(batches))
+                output.loss.backward()
+                model.zero_grad(set_to_none=True)
+                return output.batch_size
 
-                return rate(step, args.seconds, [os.getpid()], cpu["1 rank"])
+            def one_rank() -> float:
+                return rate(one_rank_step, args.seconds, [os.getpid()], cpu["1 rank"])
+
+            def one_rank_beside_a_neighbour() -> float:
+                # the same loop with core 1 as busy as rank 1 makes it, but nothing shared: what the machine's
+                # cores cost each other, apart from what the protocol costs
+                neighbour = subprocess.Popen(
+                    ["taskset", "-c", str(cores[-1]), sys.executable, __file__, "--neighbour", tmp,
+                     "--batch-size", str(args.batch_size)],
+                    stdout=subprocess.PIPE, text=True,
+                )
+                try:
+                    if neighbour.stdout.readline().strip() != "ready":
+                        raise RuntimeError(f"the neighbour loop ended with {neighbour.wait()} before it was ready")
+                    return rate(one_rank_step, args.seconds, [os.getpid()], cpu["1 rank, neighbour"])
+                finally:
+                    neighbour.kill()
+                    neighbour.wait()
 
             def two_ranks() -> float:
                 def step() -> int:
@@ -111,7 +160,7 @@ def main() -> None:
                                        cores, args)
 
             results = interleave({
-                "1 rank": one_rank, "2 ranks": two_ranks,
+                "1 rank": one_rank, "2 ranks": two_ranks, "1 rank, neighbour": one_rank_beside_a_neighbour,
                 "swarmd 1 rank": lambda: swarmd_peer(["cpu"]), "swarmd 2 ranks": lambda: swarmd_peer(["cpu", "cpu"]),
             }, args.repeats)
             sync.lead_stop()
@@ -121,6 +170,7 @@ def main() -> None:
     ratios = [two / one for one, two in zip(results["1 rank"], results["2 ranks"])]
     peer_ratios = [two / one for one, two in zip(results["swarmd 1 rank"], results["swarmd 2 ranks"])]
     hosting = [peer / bare for bare, peer in zip(results["2 ranks"], results["swarmd 2 ranks"])]
+    protocol = [two / (2 * alone) for alone, two in zip(results["1 rank, neighbour"], results["2 ranks"])]
     print_table(
         f"Ranks inside one peer, micro Swin (0.54M params), batch {args.batch_size} per rank, 1 thread per rank, "
         f"{args.repeats} interleaved repeats of {args.seconds:.0f} s\n{machine()}",
@@ -131,6 +181,8 @@ def main() -> None:
          ["cores used, 2 ranks", summary([c for c, _ in cpu["2 ranks"]])],
          ["samples per CPU-second, 1 rank", summary([e for _, e in cpu["1 rank"]])],
          ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])],
+         ["1 rank, an independent loop on core 1", summary(results["1 rank, neighbour"])],
+         ["2 ranks / (2 x that): the protocol", summary(protocol)],
          ["swarmd peer, 1 rank (all cores)", summary(results["swarmd 1 rank"])],
          ["swarmd peer, 2 ranks (all cores)", summary(results["swarmd 2 ranks"])],
          ["swarmd peer ratio 2/1 (per pair)", summary(peer_ratios)],
