@@ -8,11 +8,11 @@ its own threads, the daemon builds the model on others: with torch's default, th
 step of a 2-core peer from 520 to 340 samples/s (benchmarks/solo_overhead.py, docs/PERFORMANCE.md).
 
 So the process-wide setting is one thread (every thread initialises its OpenMP thread count from it on first
-use), and the worker alone raises its own, thread-local, OpenMP count to N, and MKL's (the matrix products), which
-MKL keeps apart from OpenMP's. A team, once made, stays for the
-life of the process: the daemon reserves the threads before any thread runs torch (its model-building phase).
-Reserved after the model and the optimizer were built, as it was until 2026-12-02, the build thread's and the
-loop thread's teams were already there, and a 2-thread solo peer ran at 282 samples/s instead of 390.
+use), and the worker alone raises its own, thread-local, OpenMP count to N, and MKL's (the matrix products),
+which MKL keeps apart from OpenMP's. A team, once made, stays for the life of the process: the daemon reserves the
+threads before any thread runs torch (its model-building phase). Reserved after the model and the optimizer were
+built, as it was until 2026-12-02, the build thread's and the loop thread's teams were already there, and a
+2-thread solo peer ran at 282 samples/s instead of 390.
 """
 
 from __future__ import annotations
@@ -53,23 +53,24 @@ def use_threads_in_this_thread(threads: int) -> None:
 
 
 def _libgomp() -> Optional[ctypes.CDLL]:
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libgomp" in line and line.rstrip().endswith(".so.1")})
-    except OSError:
-        return None
-    return ctypes.CDLL(paths[0]) if paths else None
+    return _loaded_library(lambda name: "libgomp" in name and name.endswith(".so.1"))
 
 
 def _mkl_local_thread_setter():
     """MKL_Set_Num_Threads_Local of MKL's C interface (the count by value), statically linked into PyTorch's x86
     wheels; None where there is no MKL."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if line.rstrip().endswith("/libtorch_cpu.so")})
-    except OSError:
-        return None
-    function = getattr(ctypes.CDLL(paths[0]), "MKL_Set_Num_Threads_Local", None) if paths else None
+    torch_cpu = _loaded_library(lambda name: name == "libtorch_cpu.so")
+    function = getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None) if torch_cpu is not None else None
     if function is not None:
         function.argtypes, function.restype = [ctypes.c_int], None
     return function
+
+
+def _loaded_library(matches) -> Optional[ctypes.CDLL]:
+    """A shared library this process has already loaded whose file name `matches`, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if matches(line.rstrip().rsplit("/", 1)[-1])})
+    except OSError:
+        return None
+    return ctypes.CDLL(paths[0]) if paths else None
