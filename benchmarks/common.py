@@ -41,9 +41,9 @@ def interleave(variants: dict[str, Callable[[], T]], repeats: int) -> dict[str, 
     return results
 
 
-def pinned(daemon: DaemonProcess, core: int) -> DaemonProcess:
-    """Start the daemon (and so every process it forks) on one CPU core."""
-    daemon.args = ["taskset", "-c", str(core), *daemon.args]
+def pinned(daemon: DaemonProcess, *cores: int) -> DaemonProcess:
+    """Start the daemon (and so every process it forks) on these CPU cores."""
+    daemon.args = ["taskset", "-c", ",".join(map(str, cores)), *daemon.args]
     return daemon.start()
 
 

@@ -29,7 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DaemonProcess, cpu_seconds, interleave, machine, measure_rate, peer_config, print_table, summary
+from common import (
+    DaemonProcess, cpu_seconds, interleave, machine, measure_rate, peer_config, pinned, print_table, summary,
+)
+from solo_overhead import TASK as SOLO_TASK  # the micro Swin on generated images, loaded in the training thread
 
 WARMUP_SECONDS = 2.0
 
@@ -195,15 +198,13 @@ def main() -> None:
 def run_swarmd_peer(state_dir: Path, data: str, devices: list[str], cores: list[int], args) -> float:
     """Samples/s of a solo `swarmd join` training the same task on `devices` (1 thread per rank), on all `cores`."""
     config = peer_config(
-        task={"name": "swin", "eval_every_epochs": 0, "data": {"source": "generated", "num_workers": 0, "path": data}},
+        task={**SOLO_TASK, "data": {**SOLO_TASK["data"], "path": data}},
         swarm={"target_batch_size": 1024},
         training={"batch_size": args.batch_size, "devices": devices, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
     )
-    daemon = DaemonProcess(state_dir, config, name="swarmd")
-    daemon.args = ["taskset", "-c", ",".join(map(str, cores)), *daemon.args]  # not this process's core 0 alone
-    daemon.start()
+    daemon = pinned(DaemonProcess(state_dir, config, name="swarmd"), *cores)  # not this process's core 0 alone
     try:
         return measure_rate(daemon, warmup=5.0, duration=args.seconds)
     finally:
