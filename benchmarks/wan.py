@@ -58,8 +58,11 @@ STRATEGIES = {
     "dpu": {"delay_grad_averaging": True, "delay_optimizer_step": True, "average_state_every": 10},
     "local": {"use_local_updates": True, "average_state_every": 5},
 }
-# diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo)
-DILOCO_STRATEGIES = ["diloco", "diloco-overlap"]
+# diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo);
+# -8bit: and on the wire in 8 bits (blockwise8, swarm/quantization.py) instead of fp16, as INTELLECT-1 sends its
+# pseudo-gradients in int8: half the seconds on a slow link, so the same overlap hides a round twice as long
+DILOCO_STRATEGIES = ["diloco", "diloco-overlap", "diloco-overlap-8bit"]
+DILOCO_8BIT = "blockwise8"
 QUICK = {"rates": [20.0], "epochs": 2, "repeats": 1}
 # turned into SystemExit, so that the finally clause removes the namespaces (SIGINT already raises)
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -109,7 +112,8 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
         parser.error("--epochs must be at least 2 (the first epoch is warm-up)")
     if args.diloco_overlap_steps is None:
         args.diloco_overlap_steps = max(1, args.diloco_inner_steps * 3 // 8)
-    if "diloco-overlap" in args.strategies and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
+    overlapped = any(name.startswith("diloco-overlap") for name in args.strategies)
+    if overlapped and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
         parser.error("--diloco-overlap-steps must be between 1 and --diloco-inner-steps - 1")
     if args.target_batch_size % (BATCH * PEERS):
         parser.error(f"--target-batch-size must be a multiple of {BATCH * PEERS} (batch x peers)")
@@ -142,9 +146,11 @@ def swarm_section(strategy: str, args) -> dict:
     }
     if strategy in DILOCO_STRATEGIES:
         diloco = {"inner_steps": args.diloco_inner_steps}
-        if strategy == "diloco-overlap":
+        if strategy.startswith("diloco-overlap"):
             diloco.update(overlap_steps=args.diloco_overlap_steps, overlap_mixing=args.diloco_overlap_mixing)
         swarm.update(strategy="diloco", diloco=diloco)
+        if strategy.endswith("-8bit"):
+            swarm.update(grad_compression=DILOCO_8BIT)
     elif strategy in STRATEGIES:
         swarm.update(STRATEGIES[strategy])
     else:

@@ -80,6 +80,16 @@ def test_the_overlap_row_is_diloco_with_overlap_steps_below_h(capsys):
     assert "--diloco-overlap-steps must be between 1" in capsys.readouterr().err
 
 
+def test_the_8bit_overlap_row_differs_from_the_overlap_row_only_in_its_wire_format():
+    from swarmd.config.schema import SwarmConfig
+
+    args = wan.parse_args(["--diloco-inner-steps", "64", "--diloco-overlap-steps", "24"], with_diloco=True)
+    fp16, eight_bit = wan.swarm_section("diloco-overlap", args), wan.swarm_section("diloco-overlap-8bit", args)
+    assert eight_bit.pop("grad_compression") == "blockwise8" and "grad_compression" not in fp16
+    assert eight_bit == fp16
+    SwarmConfig.model_validate(wan.swarm_section("diloco-overlap-8bit", args))
+
+
 def test_hivemind_rows_train_the_sync_strategy_and_the_solo_peer_the_same_model():
     args = wan.parse_args([])
     assert wan.swarm_section("hivemind-tuned", args)["average_state_every"] == 10
