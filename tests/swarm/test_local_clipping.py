@@ -10,29 +10,17 @@ import copy
 import pytest
 import torch
 
-from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.config.schema import SwarmdConfig
 from swarmd.errors import ConfigError
-from swarmd.tasks.base import Task, TaskContext
+from probe_task import ProbeTask, make_probe
 
 BATCH, CLIP = 8, 0.5
 
 
-class _Linear(Task):
+class _Linear(ProbeTask):
     name = "clip-probe"
-    Config = StrictModel
-
-    def build_model(self):
-        torch.manual_seed(0)
-        return torch.nn.Linear(16, 1)
-
-    def build_optimizer(self, param_groups):
-        return torch.optim.SGD(param_groups, lr=1.0)
-
-    def train_batches(self, seed):
-        raise NotImplementedError  # the test computes the gradients itself
-
-    def training_step(self, model, batch):
-        raise NotImplementedError
+    lr = 1.0
+    widths = (16, 1)  # one Linear layer
 
 
 def _gradient(model, scale: float, seed: int) -> list[torch.Tensor]:
@@ -58,7 +46,7 @@ def test_each_local_step_is_clipped_before_the_epochs_mean(dht, tmp_path, clip):
         "swarm": {"target_batch_size": 2 * BATCH, "matchmaking_time": 1.0, "clip_local_grad_norm": clip},
         "training": {"batch_size": BATCH},
     })
-    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    task = make_probe(_Linear, tmp_path, BATCH)
     model = task.build_model()
     start = copy.deepcopy(model)
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())

@@ -9,28 +9,15 @@ with plain gradient averaging the version must stay put between global steps (no
 import pytest
 import torch
 
-from swarmd.config.schema import StrictModel, SwarmdConfig
-from swarmd.tasks.base import Task, TaskContext
+from swarmd.config.schema import SwarmdConfig
+from probe_task import ProbeTask, make_probe
 
 BATCH = 8
 
 
-class _Tiny(Task):
+class _Tiny(ProbeTask):
     name = "parameters-version-probe"
-    Config = StrictModel
-
-    def build_model(self):
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-
-    def build_optimizer(self, param_groups):
-        return torch.optim.SGD(param_groups, lr=0.1)
-
-    def train_batches(self, seed):
-        raise NotImplementedError
-
-    def training_step(self, model, batch):
-        raise NotImplementedError
+    widths = (4, 4, 1)
 
 
 @pytest.fixture
@@ -58,7 +45,7 @@ def test_every_write_of_the_parameters_changes_the_version(dht, tmp_path, mode, 
     config = SwarmdConfig.model_validate(
         {"run_id": f"params-version-{abs(hash(mode))}", "swarm": {"target_batch_size": 2 * BATCH, "matchmaking_time": 1.0, **swarm}}
     )
-    task = _Tiny(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    task = make_probe(_Tiny, tmp_path, BATCH)
     model = task.build_model()
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
     generator = torch.Generator().manual_seed(1)

@@ -11,31 +11,17 @@ import copy
 import pytest
 import torch
 
-from swarmd.config.schema import StrictModel, SwarmdConfig
-from swarmd.tasks.base import StepOutput, Task, TaskContext
+from swarmd.config.schema import SwarmdConfig
+from probe_task import ProbeTask, make_probe
 
 LR = 0.5
 BATCH = 8
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 1e-2}  # relative error of the update against fp32's
 
 
-class _Linear(Task):
+class _Linear(ProbeTask):
     name = "precision-probe"
-    Config = StrictModel
-
-    def build_model(self):
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-    def build_optimizer(self, param_groups):
-        return torch.optim.SGD(param_groups, lr=LR)
-
-    def train_batches(self, seed):
-        raise NotImplementedError  # the test feeds batches to the worker itself
-
-    def training_step(self, model, batch):
-        x, y = batch
-        return StepOutput(loss=torch.nn.functional.mse_loss(model(x).float(), y), batch_size=x.shape[0])
+    lr = LR
 
 
 def _batch(seed: int, scale: float = 0.1):
@@ -99,7 +85,7 @@ def _worker(dht, tmp_path, config):
     from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
     precision = config.training.precision
-    task = _Linear(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), precision, BATCH, 0))
+    task = make_probe(_Linear, tmp_path, BATCH, precision)
     model = task.build_model()
     start = copy.deepcopy(model)
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())

@@ -16,31 +16,16 @@ from typing import Optional
 import pytest
 import torch
 
-from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.config.schema import SwarmdConfig
 from swarmd.swarm.dht_process import ToleratesExitedCallers
-from swarmd.tasks.base import StepOutput, Task, TaskContext
+from probe_task import ProbeTask, make_probe
 
 BATCH = 8
 STATE_EVERY = 4
 
 
-class _Probe(Task):
+class _Probe(ProbeTask):
     name = "sync-catch-up-probe"
-    Config = StrictModel
-
-    def build_model(self):
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-    def build_optimizer(self, param_groups):
-        return torch.optim.SGD(param_groups, lr=0.1)
-
-    def train_batches(self, seed):
-        raise NotImplementedError  # the test steps the optimizer itself
-
-    def training_step(self, model, batch):
-        x, y = batch
-        return StepOutput(loss=torch.nn.functional.mse_loss(model(x), y), batch_size=x.shape[0])
 
 
 def _peer(dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, **tracker_opts):
@@ -65,7 +50,7 @@ def _peer(dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optiona
             "training": {"batch_size": BATCH},
         }
     )
-    task = _Probe(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    task = make_probe(_Probe, tmp_path, BATCH)
     model = task.build_model()
     log = AveragingLog()
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=log)
