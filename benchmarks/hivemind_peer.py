@@ -44,6 +44,7 @@ def optimizer_options(config, profile: str) -> dict:
     return {
         "matchmaking_time": swarm.matchmaking_time,
         "averaging_timeout": swarm.averaging_timeout,
+        "next_chunk_timeout": swarm.next_chunk_timeout,
         "grad_compression": make_compression(swarm.grad_compression, "swarm.grad_compression"),
         "state_averaging_compression": make_compression(swarm.state_averaging_compression, "swarm.state_averaging_compression"),
         "average_state_every": swarm.average_state_every,

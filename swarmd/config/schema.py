@@ -182,6 +182,15 @@ class SwarmConfig(StrictModel):
         30.0, gt=0, description="Give up an averaging round after this many seconds and use local gradients."
     )
     allreduce_timeout: Optional[float] = Field(None, gt=0, description="Per all-reduce attempt; default: averaging_timeout.")
+    next_chunk_timeout: Optional[float] = Field(
+        None,
+        gt=0,
+        description="Seconds an all-reduce waits for a peer's next part before it goes on without that peer's share "
+        "(hivemind's sender timeout; a reducer's results get twice as long), and a state download for its next "
+        "chunk. Default: matchmaking_time, as hivemind. Raise it over slow links, where a part can queue behind "
+        "seconds of other traffic: at 20 Mbit/s a 2-s timeout cut DiLoCo rounds short (docs/PERFORMANCE.md "
+        "section 9); 10 s held.",
+    )
     load_state_timeout: float = Field(
         120.0, gt=0, description="Seconds per attempt to download the model and optimizer state from a peer."
     )

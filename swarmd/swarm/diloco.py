@@ -692,6 +692,7 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         matchmaking_time=swarm.matchmaking_time,
         averaging_timeout=swarm.averaging_timeout,
         allreduce_timeout=swarm.allreduce_timeout,
+        next_chunk_timeout=swarm.next_chunk_timeout,  # None: hivemind's matchmaking_time
         load_state_timeout=swarm.load_state_timeout,
         # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
         client_mode=dht.client_mode,

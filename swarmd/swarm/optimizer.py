@@ -601,6 +601,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
         matchmaking_time=swarm.matchmaking_time,
         averaging_timeout=swarm.averaging_timeout,
         allreduce_timeout=swarm.allreduce_timeout,
+        next_chunk_timeout=swarm.next_chunk_timeout,  # None: hivemind's matchmaking_time
         load_state_timeout=swarm.load_state_timeout,
         reuse_grad_buffers=swarm.reuse_grad_buffers,
         offload_optimizer=swarm.offload_optimizer,

@@ -10,33 +10,23 @@ import threading
 import pytest
 import torch
 
-from swarmd.config.schema import StrictModel, SwarmdConfig
+from swarmd.config.schema import SwarmdConfig
 from swarmd.swarm.dht_process import ToleratesExitedCallers
-from swarmd.tasks.base import StepOutput, Task, TaskContext
+from swarmd.tasks.base import StepOutput
+from probe_task import ProbeTask, make_probe, probe_model
 
 BATCH = 8
 H = 3
 INNER_LR = 0.1
 
 
-class _Probe(Task):
+class _Probe(ProbeTask):
     name = "diloco-probe"
-    Config = StrictModel
     lr = INNER_LR
     target_scale = 1.0  # a peer with garbage data: targets 10^4 times too large
 
-    def build_model(self):
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-    def build_optimizer(self, param_groups):
-        return torch.optim.SGD(param_groups, lr=self.lr)
-
     def build_scheduler(self, optimizer):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, _multiplier)
-
-    def train_batches(self, seed):
-        raise NotImplementedError  # the tests step the optimizer themselves
 
     def training_step(self, model, batch):
         x, y = batch
@@ -73,7 +63,7 @@ def _peer(dht, tmp_path, run_id: str, target_scale: float = 1.0, model=None, **s
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategy import build_swarm_optimizer
 
-    task = _Probe(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, 0))
+    task = make_probe(_Probe, tmp_path, BATCH)
     task.target_scale = target_scale
     model = model if model is not None else task.build_model()
     log = AveragingLog()
@@ -93,7 +83,7 @@ class _Reference:
     """One model trained the textbook way: H inner steps, then the outer Nesterov step on a given pseudo-gradient."""
 
     def __init__(self):
-        self.model = _Probe.build_model(None)
+        self.model = probe_model()
         self.inner = torch.optim.SGD(self.model.parameters(), lr=INNER_LR)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.inner, _multiplier)
         self.outer_params = [p.detach().clone().requires_grad_() for p in self.model.parameters()]
@@ -147,7 +137,22 @@ def test_a_lone_peer_steps_on_its_own_pseudo_gradient(dht, tmp_path):
         # the inner schedule counts inner steps
         assert optimizer.param_groups[0]["lr"] == pytest.approx(INNER_LR * _multiplier(3 * H))
         # not a trivial trajectory: three outer steps moved the model
-        assert _max_difference(model, _Probe.build_model(None)) > 1e-3
+        assert _max_difference(model, probe_model()) > 1e-3
+    finally:
+        optimizer.shutdown()
+
+
+@pytest.mark.parametrize("next_chunk_timeout", [None, 7.0])
+def test_every_averager_waits_next_chunk_timeout_for_a_part(dht, tmp_path, next_chunk_timeout):
+    """swarm.next_chunk_timeout reaches the outer round's averager and the state averager (repairs, downloads);
+    unset, it is hivemind's matchmaking_time, which cut rounds short on a 20 Mbit/s link."""
+    _, _, optimizer, _ = _peer(dht, tmp_path, f"diloco-chunk-{next_chunk_timeout or 0:g}", next_chunk_timeout=next_chunk_timeout)
+    expected = next_chunk_timeout or _config("any").swarm.matchmaking_time
+    try:
+        for averager in (optimizer.outer_averager, optimizer.state_averager):
+            assert averager.next_chunk_timeout == expected
+            assert averager.allreduce_kwargs["sender_timeout"] == expected
+            assert averager.allreduce_kwargs["reducer_timeout"] == 2 * expected
     finally:
         optimizer.shutdown()
 
@@ -173,7 +178,7 @@ def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
 
     # What the daemon does at start: the model from the checkpoint, the optimizer built on it, then its state.
     checkpoint = CheckpointStore(tmp_path / "checkpoints", keep=1).load_latest()
-    restored = _Probe.build_model(None)
+    restored = probe_model()
     load_model_state(restored, checkpoint)
     _, _, resumed, _ = _peer(dht, tmp_path, "diloco-resume", model=restored)
     try:
