@@ -51,6 +51,10 @@ BATCH = 32
 # so it has 17x the micro's parameters for 2x its compute (docs/PERFORMANCE.md, "Slow links", has the arithmetic).
 MODEL = {"embed_dim": 64, "depths": [2, 2, 2, 2], "num_heads": [2, 4, 8, 16]}
 MODEL_PARAMETERS = 9.08e6
+# The swin task's optimizer defaults, written out: warm-up and cosine length in global epochs of the target batch.
+# Under DiLoCo the schedule counts inner steps, so the DiLoCo rows get the same schedule in samples (optim_section):
+# with the default's 200 inner steps the inner LR reached 0 after two outer steps of H = 96.
+OPTIM = {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_epochs": 2, "total_epochs": 200}
 WIRE_BYTES_PER_VALUE = 2  # fp16 gradients (swarmd's default)
 
 STRATEGIES = {
@@ -99,6 +103,9 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
                              "second")
     parser.add_argument("--diloco-overlap-mixing", type=float, default=0.5, help="swarm.diloco.overlap_mixing")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--only", nargs="+", metavar="RATE/STRATEGY", default=None,
+                        help="of the rates x strategies, run only these rows (e.g. 1000/sync 20/diloco-overlap-8bit), "
+                             "besides the solo rows")
     parser.add_argument("--quick", action="store_true",
                         help=f"one rate ({QUICK['rates'][0]:g} Mbit/s), {QUICK['epochs']} epochs, 1 repeat")
     args = parser.parse_args(argv)
@@ -118,6 +125,11 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
     overlapped = any(name.startswith("diloco-overlap") for name in args.strategies)
     if overlapped and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
         parser.error("--diloco-overlap-steps must be between 1 and --diloco-inner-steps - 1")
+    if args.only:
+        rows = {f"{rate:g}/{name}" for rate in args.rates for name in args.strategies}
+        unknown_rows = [row for row in args.only if row not in rows]
+        if unknown_rows:
+            parser.error(f"--only {' '.join(unknown_rows)}: not among --rates x --strategies ({', '.join(sorted(rows))})")
     if args.target_batch_size % (BATCH * PEERS):
         parser.error(f"--target-batch-size must be a multiple of {BATCH * PEERS} (batch x peers)")
     return args
@@ -162,9 +174,21 @@ def swarm_section(strategy: str, args) -> dict:
     return swarm
 
 
-def config(strategy: str, address: str, port: int, data: str, args) -> dict:
+def optim_section(strategy: str, args, peers: int = PEERS) -> dict:
+    """OPTIM in this strategy's units: a DiLoCo schedule counts inner steps, target batch / (batch x peers) of
+    them per global epoch of the sync rows, so both warm up and decay over the same samples."""
+    if strategy not in DILOCO_STRATEGIES:
+        return dict(OPTIM)
+    steps_per_epoch = max(1, args.target_batch_size // (BATCH * peers))
+    return {**OPTIM, "warmup_epochs": OPTIM["warmup_epochs"] * steps_per_epoch,
+            "total_epochs": OPTIM["total_epochs"] * steps_per_epoch}
+
+
+def config(strategy: str, address: str, port: int, data: str, args, peers: int = PEERS) -> dict:
+    task = {"name": "swin", "eval_every_epochs": budget_epochs(strategy, args), "model": MODEL, "data": {"path": data},
+            "optim": optim_section(strategy, args, peers)}
     return peer_config(
-        task={"name": "swin", "eval_every_epochs": budget_epochs(strategy, args), "model": MODEL, "data": {"path": data}},
+        task=task,
         network={"host_maddrs": [f"/ip4/{address}/tcp/{port}"], "bootstrap_attempts": 6, "bootstrap_retry_delay": 1.0},
         swarm=swarm_section(strategy, args),
         training={"batch_size": BATCH, "threads": 1, "seed": 0},
@@ -312,7 +336,7 @@ class Runner:
             first_id = make_identity(first_dir)
             join = ["--initial-peers", f"/ip4/{self.lab.address(0)}/tcp/{port}/p2p/{first_id}"]
             for index in range(peers_wanted):
-                cfg = config(strategy, self.lab.address(index), port, self.data, self.args)
+                cfg = config(strategy, self.lab.address(index), port, self.data, self.args, peers=peers_wanted)
                 self.running.append(start_peer(strategy, index, self.lab, self.root / f"{tag}-p{index}", cfg,
                                                extra_args=join if index else ()))
             result = measure(self.running, self.lab, strategy, self.args)
@@ -419,11 +443,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             prepare_data(data)
             runner = Runner(lab, root, data, args)
             variants = {"solo": lambda: runner.run("sync", None)}
-            if set(args.strategies) & set(DILOCO_STRATEGIES):
+            rows = [(rate, strategy) for rate in args.rates for strategy in args.strategies
+                    if not args.only or f"{rate:g}/{strategy}" in args.only]
+            if any(strategy in DILOCO_STRATEGIES for _, strategy in rows):
                 variants["solo-diloco"] = lambda: runner.run("diloco", None)
-            for rate in args.rates:
-                for strategy in args.strategies:
-                    variants[f"{rate:g}/{strategy}"] = lambda rate=rate, strategy=strategy: runner.run(strategy, rate)
+            for rate, strategy in rows:
+                variants[f"{rate:g}/{strategy}"] = lambda rate=rate, strategy=strategy: runner.run(strategy, rate)
             results = interleave(variants, args.repeats)
     finally:
         for sig in (signal.SIGINT, *_SIGNALS):

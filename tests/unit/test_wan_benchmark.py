@@ -91,6 +91,26 @@ def test_the_8bit_overlap_row_differs_from_the_overlap_row_only_in_its_wire_form
     SwarmConfig.model_validate(wan.swarm_section("diloco-overlap-8bit", args))
 
 
+def test_diloco_rows_warm_up_and_decay_over_the_samples_the_sync_rows_do(capsys):
+    from swarmd.tasks.optim import OptimConfig
+
+    args = wan.parse_args(["--target-batch-size", "1024"], with_diloco=True)
+    sync = wan.config("sync", "198.18.0.1", 31401, "/tmp/data", args)["task"]["optim"]
+    pair = wan.config("diloco-overlap-8bit", "198.18.0.1", 31401, "/tmp/data", args)["task"]["optim"]
+    alone = wan.config("diloco", "198.18.0.1", 31401, "/tmp/data", args, peers=1)["task"]["optim"]
+    # a 1024-sample epoch is 16 inner steps of a pair (2 x 32 per step) and 32 of a lone peer
+    assert (sync["warmup_epochs"], sync["total_epochs"]) == (2, 200)
+    assert (pair["warmup_epochs"], pair["total_epochs"]) == (32, 3200)
+    assert (alone["warmup_epochs"], alone["total_epochs"]) == (64, 6400)
+    assert {k: v for k, v in pair.items() if "epochs" not in k} == {k: v for k, v in sync.items() if "epochs" not in k}
+    OptimConfig.model_validate(pair)
+    args = wan.parse_args(["--rates", "1000", "20", "--only", "1000/sync", "20/diloco"], with_diloco=True)
+    assert args.only == ["1000/sync", "20/diloco"]
+    with pytest.raises(SystemExit):
+        wan.parse_args(["--rates", "20", "--only", "100/sync"], with_diloco=True)
+    assert "--only 100/sync: not among" in capsys.readouterr().err
+
+
 def test_hivemind_rows_train_the_sync_strategy_and_the_solo_peer_the_same_model():
     args = wan.parse_args([])
     assert wan.swarm_section("hivemind-tuned", args)["average_state_every"] == 10
