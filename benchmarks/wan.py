@@ -102,7 +102,13 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
                              "overlap_steps; default 3/8 of H); size it to the round's seconds x inner steps per "
                              "second")
     parser.add_argument("--diloco-overlap-mixing", type=float, default=0.5, help="swarm.diloco.overlap_mixing")
+    parser.add_argument("--diloco-inner-lr", type=float, default=None,
+                        help=f"peak LR of the inner AdamW steps (default: the sync rows' {OPTIM['lr']:g}, which is for "
+                             "steps of the whole target batch; an inner step is one peer's batch)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="with DiLoCo rows: also two lone DiLoCo peers at once, one per core (the 'vs 2 solos' "
+                             "column), a baseline that the cores' contention slows down as it does a pair")
     parser.add_argument("--only", nargs="+", metavar="RATE/STRATEGY", default=None,
                         help="of the rates x strategies, run only these rows (e.g. 1000/sync 20/diloco-overlap-8bit), "
                              "besides the solo rows")
@@ -180,7 +186,7 @@ def optim_section(strategy: str, args, peers: int = PEERS) -> dict:
     if strategy not in DILOCO_STRATEGIES:
         return dict(OPTIM)
     steps_per_epoch = max(1, args.target_batch_size // (BATCH * peers))
-    return {**OPTIM, "warmup_epochs": OPTIM["warmup_epochs"] * steps_per_epoch,
+    return {**OPTIM, "lr": args.diloco_inner_lr or OPTIM["lr"], "warmup_epochs": OPTIM["warmup_epochs"] * steps_per_epoch,
             "total_epochs": OPTIM["total_epochs"] * steps_per_epoch}
 
 
@@ -265,12 +271,14 @@ def wait_all(peers: list[DaemonProcess], predicate, timeout: float, what: str) -
         time.sleep(0.5)
 
 
-def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args) -> dict:
-    """From the first epoch all peers are in to the evaluation at the end of the sample budget."""
+def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_size: Optional[int] = None) -> dict:
+    """From the first epoch all peers are in to the evaluation at the end of the sample budget. `swarm_size`: the
+    peers each one should see (default: all of them; 1 for peers that train side by side, each alone)."""
     end_epoch = budget_epochs(strategy, args)
+    swarm_size = swarm_size or len(peers)
     wait_all(
         peers,
-        lambda s: s["state"] == "training" and (s["local_epoch"] or 0) >= 1 and s["num_peers"] == len(peers),
+        lambda s: s["state"] == "training" and (s["local_epoch"] or 0) >= 1 and s["num_peers"] == swarm_size,
         300.0, "every peer in the swarm, past epoch 1",
     )
     begin = []
@@ -323,11 +331,14 @@ class Runner:
         self.count = 0
         self.running: list[DaemonProcess] = []
 
-    def run(self, strategy: str, rate: Optional[float]) -> dict:
+    def run(self, strategy: str, rate: Optional[float], *, side_by_side: bool = False) -> dict:
+        """`rate` None: one solo peer; with `side_by_side`, PEERS solo peers at once, each on its own core and in its
+        own swarm, which the VM's cores slow down as they slow a pair down (docs/RANKS.md: one loop beside another
+        made 0.84-0.97 of its rate alone), with no link between them."""
         self.count += 1
         port = 31400 + self.count  # a fresh port per run: nothing waits for the last run's sockets to close
-        tag = f"{self.count:02d}-{strategy}"
-        peers_wanted = 1 if rate is None else PEERS
+        tag = f"{self.count:02d}-{strategy}{'-x2' if side_by_side else ''}"
+        peers_wanted = PEERS if (rate is not None or side_by_side) else 1
         if rate is not None:
             self.lab.set_rate(rate)
         started = time.monotonic()
@@ -336,10 +347,13 @@ class Runner:
             first_id = make_identity(first_dir)
             join = ["--initial-peers", f"/ip4/{self.lab.address(0)}/tcp/{port}/p2p/{first_id}"]
             for index in range(peers_wanted):
-                cfg = config(strategy, self.lab.address(index), port, self.data, self.args, peers=peers_wanted)
+                cfg = config(strategy, self.lab.address(index), port, self.data, self.args,
+                             peers=1 if side_by_side else peers_wanted)
+                if side_by_side:
+                    cfg["run_id"] = f"{cfg['run_id']}-{index}"
                 self.running.append(start_peer(strategy, index, self.lab, self.root / f"{tag}-p{index}", cfg,
-                                               extra_args=join if index else ()))
-            result = measure(self.running, self.lab, strategy, self.args)
+                                               extra_args=join if index and not side_by_side else ()))
+            result = measure(self.running, self.lab, strategy, self.args, swarm_size=1 if side_by_side else None)
             result["wall_s"] = time.monotonic() - started
             return result
         finally:
@@ -363,8 +377,11 @@ def _median_rate(runs: list[dict]) -> float:
 
 def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[str]]:
     """One row per variant. "vs own solo" divides a DiLoCo row by the lone DiLoCo peer's rate (solo-diloco: the
-    same inner steps, an optimizer step per batch, no company): what communication costs that strategy."""
+    same inner steps, an optimizer step per batch, no company): what communication costs that strategy; "vs 2
+    solos" by the rate of two lone DiLoCo peers side by side (solo-diloco-x2), which also takes out what the
+    cores cost each other."""
     solo_diloco_rate = _median_rate(results["solo-diloco"]) if "solo-diloco" in results else None
+    side_by_side_rate = _median_rate(results["solo-diloco-x2"]) if "solo-diloco-x2" in results else None
     rows = []
     for variant, runs in results.items():
         rate, _, strategy = variant.partition("/")
@@ -373,13 +390,15 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
         spread = f" [{min(rates):.0f}..{max(rates):.0f}]" if len(rates) > 1 else ""
         round_values = [r["round_s"] for r in runs if r["round_s"] is not None]
         solo = variant.startswith("solo")
-        own_solo_rate = solo_diloco_rate if (strategy in DILOCO_STRATEGIES or variant == "solo-diloco") else solo_rate
+        diloco = strategy in DILOCO_STRATEGIES or variant.startswith("solo-diloco")
+        own_solo_rate = solo_diloco_rate if diloco else solo_rate
         rows.append([
             "-" if solo else rate,
             variant.replace("-", " ") if solo else strategy,
             f"{median_rate:.1f}{spread}",
             f"{median_rate / solo_rate:.2f}",
             _fmt(median_rate / own_solo_rate if own_solo_rate else None, ".2f"),
+            _fmt(median_rate / side_by_side_rate if diloco and side_by_side_rate else None, ".2f"),
             _fmt(statistics.median(round_values) if round_values else None, ".2f"),
             "-" if solo else runs[0]["rounds"],
             f"{statistics.median(r['epochs_per_min'] for r in runs):.1f}",
@@ -391,7 +410,7 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
     return rows
 
 
-HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "vs own solo", "s/round", "rounds ok/failed", "epochs/min",
+HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "vs own solo", "vs 2 solos", "s/round", "rounds ok/failed", "epochs/min",
           "MB sent/epoch/peer", "val loss", "samples", "wall s"]
 
 
@@ -401,13 +420,14 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
     print_table(
         f"Slow links: 4-stage micro Swin ({MODEL_PARAMETERS / 1e6:.2f}M params), batch {BATCH}, 1 thread per peer "
         f"pinned to its own core, {PEERS} peers in network namespaces, tbf both ways per peer link; target batch "
-        f"{args.target_batch_size}, matchmaking {args.matchmaking_time:g} s, next chunk {args.next_chunk_timeout:g} s, budget {budget} samples "
+        f"{args.target_batch_size}, DiLoCo inner LR {args.diloco_inner_lr or OPTIM['lr']:g}, matchmaking {args.matchmaking_time:g} s, next chunk {args.next_chunk_timeout:g} s, budget {budget} samples "
         f"({args.epochs} epochs), {args.repeats} repeat(s){' [quick]' if args.quick else ''}\n{machine()}\n{command}",
         HEADER,
         table_rows(results, solo_rate),
     )
     print("vs solo: per-peer samples/s over the solo peer's on the same core; vs own solo: diloco rows over a lone "
-          "diloco peer's (its inner optimizer steps every batch: what communication costs it); s/round: median "
+          "diloco peer's (its inner optimizer steps every batch: what communication costs it); vs 2 solos: over two "
+          "lone diloco peers at once, one per core (also takes out what the cores cost each other); s/round: median "
           "successful round (gradient wait, or background parameter round with local updates; diloco: from the "
           "send to the result); val loss at the end of the budget")
     for rate in args.rates:
@@ -447,6 +467,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     if not args.only or f"{rate:g}/{strategy}" in args.only]
             if any(strategy in DILOCO_STRATEGIES for _, strategy in rows):
                 variants["solo-diloco"] = lambda: runner.run("diloco", None)
+                if args.side_by_side:
+                    variants["solo-diloco-x2"] = lambda: runner.run("diloco", None, side_by_side=True)
             for rate, strategy in rows:
                 variants[f"{rate:g}/{strategy}"] = lambda rate=rate, strategy=strategy: runner.run(strategy, rate)
             results = interleave(variants, args.repeats)

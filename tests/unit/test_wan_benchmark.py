@@ -104,6 +104,8 @@ def test_diloco_rows_warm_up_and_decay_over_the_samples_the_sync_rows_do(capsys)
     assert (alone["warmup_epochs"], alone["total_epochs"]) == (64, 6400)
     assert {k: v for k, v in pair.items() if "epochs" not in k} == {k: v for k, v in sync.items() if "epochs" not in k}
     OptimConfig.model_validate(pair)
+    args = wan.parse_args(["--diloco-inner-lr", "3.5e-4"], with_diloco=True)
+    assert wan.optim_section("diloco", args)["lr"] == 3.5e-4 and wan.optim_section("sync", args)["lr"] == 2e-3
     args = wan.parse_args(["--rates", "1000", "20", "--only", "1000/sync", "20/diloco"], with_diloco=True)
     assert args.only == ["1000/sync", "20/diloco"]
     with pytest.raises(SystemExit):
@@ -193,9 +195,10 @@ def test_the_table_divides_by_the_solo_rate_measured_in_the_same_run():
     }
     rows = wan.table_rows(results, solo_rate=150.0)
     assert [row[:2] for row in rows] == [["-", "solo"], ["20", "sync"], ["1000", "local"]]
-    assert rows[0][3] == "1.00" and rows[0][5] == "-" and rows[0][8] == "-"
-    assert rows[1][2] == "75.0 [60..90]" and rows[1][3] == "0.50" and rows[1][4] == "0.50" and rows[1][5] == "7.50"
-    assert rows[1][8] == "18.2" and rows[2][9] == "1.500"
+    assert rows[0][3] == "1.00" and rows[0][6] == "-" and rows[0][9] == "-"
+    assert rows[1][2] == "75.0 [60..90]" and rows[1][3] == "0.50" and rows[1][4] == "0.50" and rows[1][6] == "7.50"
+    assert rows[1][5] == "-"  # "vs 2 solos" is for DiLoCo rows
+    assert rows[1][9] == "18.2" and rows[2][10] == "1.500"
     assert all(len(row) == len(wan.HEADER) for row in rows)
 
 
@@ -205,6 +208,16 @@ def test_diloco_rows_are_also_divided_by_a_lone_diloco_peers_rate():
     rows = wan.table_rows(results, solo_rate=200.0)
     assert [row[:2] for row in rows] == [["-", "solo"], ["-", "solo diloco"], ["20", "diloco-overlap"], ["20", "sync"]]
     assert [row[3:5] for row in rows] == [["1.00", "1.00"], ["0.80", "1.00"], ["0.60", "0.75"], ["0.50", "0.50"]]
+
+
+def test_with_two_lone_diloco_peers_side_by_side_the_diloco_rows_are_divided_by_their_rate_too():
+    results = {"solo": [_run(200.0)], "solo-diloco": [_run(160.0)], "solo-diloco-x2": [_run(140.0)],
+               "20/diloco-overlap-8bit": [_run(133.0, 6.0)], "1000/sync": [_run(100.0, 0.5)]}
+    rows = wan.table_rows(results, solo_rate=200.0)
+    assert rows[2][:2] == ["-", "solo diloco x2"]
+    assert [row[3:6] for row in rows] == [["1.00", "1.00", "-"], ["0.80", "1.00", "1.14"], ["0.70", "0.88", "1.00"],
+                                         ["0.67", "0.83", "0.95"], ["0.50", "0.50", "-"]]
+    assert wan.parse_args(["--side-by-side"], with_diloco=True).side_by_side
 
 
 def test_the_report_says_when_diloco_is_left_out(capsys):
