@@ -88,6 +88,31 @@ def test_blockwise_wire_layout_is_hiveminds():
     assert torch.equal(Blockwise8Bit().extract(message), by_hand)
 
 
+def test_blockwise_codes_are_the_nearest_ones_up_to_one_grid_step():
+    """The lookup table (quantization.nearest_code_table) picks what a search among the codes would: the nearest
+    code, or, for a value within one grid step of a midpoint between two codes, either of the two."""
+    from swarmd.swarm.quantization import LOOKUP_STEPS, signed_dynamic_codebook
+
+    code = signed_dynamic_codebook()
+    midpoints = (code[:-1] + code[1:]) / 2
+    near_zero = torch.randn(20000, generator=torch.Generator().manual_seed(1)) * 1e-5  # the densest codes
+    x = torch.cat([_gaussian(1.0, n=BLOCK_SIZE), near_zero, torch.tensor([-1.0, 0.0, 1.0]), midpoints])
+    x[:BLOCK_SIZE] /= x[:BLOCK_SIZE].abs().max()  # in [-1, 1] already: absmax 1 for the first block
+    x[-midpoints.numel():] += 1e-4 * torch.linspace(-1, 1, midpoints.numel())  # beside each midpoint
+    x[BLOCK_SIZE - 1] = 1.0  # so that every block's scale is 1 and the codes apply to x as it is
+    for block in range(x.numel() // BLOCK_SIZE + 1):
+        x[min(block * BLOCK_SIZE, x.numel() - 1)] = 1.0
+    indices, (absmax, _) = Blockwise8Bit().quantize(x)
+    assert np.all(absmax == 1.0)
+    got = code[torch.as_tensor(indices, dtype=torch.int64)]
+    exact = code[torch.bucketize(x, midpoints)]
+    grid_step = 2.0 / LOOKUP_STEPS
+    assert torch.all((got - x).abs() - (exact - x).abs() <= grid_step)
+    differ = got != exact
+    assert differ[:BLOCK_SIZE].float().mean() < 1e-3  # N(0, 1) values: hardly any; near 0 the codes are denser
+    assert torch.all((x[differ][:, None] - midpoints[None, :]).abs().min(dim=1).values <= grid_step)
+
+
 def test_blockwise_keeps_small_blocks_next_to_large_ones():
     """One scale per block: a block of tiny values beside a block of large ones keeps its precision."""
     x = _gaussian(1.0, n=4 * BLOCK_SIZE)
