@@ -45,16 +45,18 @@ from common import (  # noqa: E402
 )
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
+from swarmd.tasks.swin import SwinConfig  # noqa: E402 - light: the model code loads when the task is built
+
 PEERS = 2
 BATCH = 32
 # A four-stage micro Swin: the micro config's first two stages plus two wider ones that see 2x2 and 1x1 tokens,
 # so it has 17x the micro's parameters for 2x its compute (docs/PERFORMANCE.md, "Slow links", has the arithmetic).
 MODEL = {"embed_dim": 64, "depths": [2, 2, 2, 2], "num_heads": [2, 4, 8, 16]}
 MODEL_PARAMETERS = 9.08e6
-# The swin task's optimizer defaults, written out: warm-up and cosine length in global epochs of the target batch.
-# Under DiLoCo the schedule counts inner steps, so the DiLoCo rows get the same schedule in samples (optim_section):
-# with the default's 200 inner steps the inner LR reached 0 after two outer steps of H = 96.
-OPTIM = {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_epochs": 2, "total_epochs": 200}
+# The swin task's optimizer defaults: warm-up and cosine length in global epochs of the target batch. Under DiLoCo
+# the schedule counts inner steps, so the DiLoCo rows get the same schedule in samples (optim_section): with the
+# default's 200 inner steps the inner LR reached 0 after two outer steps of H = 96.
+OPTIM = SwinConfig().optim.model_dump(mode="json")
 WIRE_BYTES_PER_VALUE = 2  # fp16 gradients (swarmd's default)
 
 STRATEGIES = {
@@ -131,11 +133,13 @@ def parse_args(argv: Optional[list[str]] = None, *, with_diloco: bool = False) -
     overlapped = any(name.startswith("diloco-overlap") for name in args.strategies)
     if overlapped and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
         parser.error("--diloco-overlap-steps must be between 1 and --diloco-inner-steps - 1")
-    if args.only:
-        rows = {f"{rate:g}/{name}" for rate in args.rates for name in args.strategies}
-        unknown_rows = [row for row in args.only if row not in rows]
-        if unknown_rows:
-            parser.error(f"--only {' '.join(unknown_rows)}: not among --rates x --strategies ({', '.join(sorted(rows))})")
+    if args.diloco_inner_lr is None:
+        args.diloco_inner_lr = OPTIM["lr"]
+    every_row = {f"{rate:g}/{name}": (rate, name) for rate in args.rates for name in args.strategies}
+    unknown_rows = [row for row in args.only or [] if row not in every_row]
+    if unknown_rows:
+        parser.error(f"--only {' '.join(unknown_rows)}: not among --rates x --strategies ({', '.join(every_row)})")
+    args.rows = [pair for row, pair in every_row.items() if not args.only or row in args.only]  # (rate, strategy)
     if args.target_batch_size % (BATCH * PEERS):
         parser.error(f"--target-batch-size must be a multiple of {BATCH * PEERS} (batch x peers)")
     return args
@@ -186,7 +190,7 @@ def optim_section(strategy: str, args, peers: int = PEERS) -> dict:
     if strategy not in DILOCO_STRATEGIES:
         return dict(OPTIM)
     steps_per_epoch = max(1, args.target_batch_size // (BATCH * peers))
-    return {**OPTIM, "lr": args.diloco_inner_lr or OPTIM["lr"], "warmup_epochs": OPTIM["warmup_epochs"] * steps_per_epoch,
+    return {**OPTIM, "lr": args.diloco_inner_lr, "warmup_epochs": OPTIM["warmup_epochs"] * steps_per_epoch,
             "total_epochs": OPTIM["total_epochs"] * steps_per_epoch}
 
 
@@ -420,7 +424,7 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
     print_table(
         f"Slow links: 4-stage micro Swin ({MODEL_PARAMETERS / 1e6:.2f}M params), batch {BATCH}, 1 thread per peer "
         f"pinned to its own core, {PEERS} peers in network namespaces, tbf both ways per peer link; target batch "
-        f"{args.target_batch_size}, DiLoCo inner LR {args.diloco_inner_lr or OPTIM['lr']:g}, matchmaking {args.matchmaking_time:g} s, next chunk {args.next_chunk_timeout:g} s, budget {budget} samples "
+        f"{args.target_batch_size}, DiLoCo inner LR {args.diloco_inner_lr:g}, matchmaking {args.matchmaking_time:g} s, next chunk {args.next_chunk_timeout:g} s, budget {budget} samples "
         f"({args.epochs} epochs), {args.repeats} repeat(s){' [quick]' if args.quick else ''}\n{machine()}\n{command}",
         HEADER,
         table_rows(results, solo_rate),
@@ -463,13 +467,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             prepare_data(data)
             runner = Runner(lab, root, data, args)
             variants = {"solo": lambda: runner.run("sync", None)}
-            rows = [(rate, strategy) for rate in args.rates for strategy in args.strategies
-                    if not args.only or f"{rate:g}/{strategy}" in args.only]
-            if any(strategy in DILOCO_STRATEGIES for _, strategy in rows):
+            if any(strategy in DILOCO_STRATEGIES for _, strategy in args.rows):
                 variants["solo-diloco"] = lambda: runner.run("diloco", None)
                 if args.side_by_side:
                     variants["solo-diloco-x2"] = lambda: runner.run("diloco", None, side_by_side=True)
-            for rate, strategy in rows:
+            for rate, strategy in args.rows:
                 variants[f"{rate:g}/{strategy}"] = lambda rate=rate, strategy=strategy: runner.run(strategy, rate)
             results = interleave(variants, args.repeats)
     finally:

@@ -107,7 +107,7 @@ def test_diloco_rows_warm_up_and_decay_over_the_samples_the_sync_rows_do(capsys)
     args = wan.parse_args(["--diloco-inner-lr", "3.5e-4"], with_diloco=True)
     assert wan.optim_section("diloco", args)["lr"] == 3.5e-4 and wan.optim_section("sync", args)["lr"] == 2e-3
     args = wan.parse_args(["--rates", "1000", "20", "--only", "1000/sync", "20/diloco"], with_diloco=True)
-    assert args.only == ["1000/sync", "20/diloco"]
+    assert args.only == ["1000/sync", "20/diloco"] and args.rows == [(1000.0, "sync"), (20.0, "diloco")]
     with pytest.raises(SystemExit):
         wan.parse_args(["--rates", "20", "--only", "100/sync"], with_diloco=True)
     assert "--only 100/sync: not among" in capsys.readouterr().err
