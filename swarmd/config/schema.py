@@ -197,12 +197,20 @@ class SwarmConfig(StrictModel):
     load_state_attempts: int = Field(
         3, ge=1, description="Attempts to download state from peers before training on from the local state."
     )
+    refresh_parameters: bool = Field(
+        True,
+        description="A sync peer whose state download ended with the swarm two or more epochs further on downloads "
+        "the swarm's parameters alone (a third of the bytes; its optimizer statistics stay those of the download, a "
+        "few epochs old) up to 3 times before the whole state again. false: the whole state every time (hivemind's "
+        "way). Plain hivemind peers serve only the whole state. docs/PERFORMANCE.md section 5.",
+    )
     catch_up_by_averaging: Optional[bool] = Field(
         None,
         description="A peer whose state download ended with the swarm further on (epochs shorter than a download) "
         "takes the swarm's epoch with its older state and gets the swarm's parameters in the next state averaging, "
         "weighing 1e-6 in every average until then, instead of downloading again (hivemind's way, which chases a "
-        "swarm whose epochs stay shorter than a download). Default: on for strategy diloco, whose state takes "
+        "swarm whose epochs stay shorter than a download; swarmd first downloads the parameters alone, a third of "
+        "the bytes). Default: on for strategy diloco, whose state takes "
         "minutes over slow links; off for sync, where waiting for the next state averaging (every "
         "average_state_every epochs) took longer than a second download on loopback (docs/PERFORMANCE.md "
         "section 5). Turn it on for a sync peer whose link downloads the state in many epochs.",

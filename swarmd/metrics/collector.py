@@ -62,7 +62,8 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_steps", "Local training steps since the daemon started.", lambda s: s.steps_total),
     ("swarmd_checkpoint_failures", "Checkpoints that could not be written.",
      lambda s: s.checkpoint.failures_total if s.checkpoint else 0),
-    ("swarmd_state_loads", "Downloads of the model and optimizer state from peers (catching up with the swarm).",
+    ("swarmd_state_loads", "Downloads of the model and optimizer state from peers (catching up with the swarm), "
+     "or of the parameters alone after a download the swarm outran.",
      lambda s: s.state_loads_total),
     ("swarmd_step_failures", "Training steps that raised an error.", lambda s: s.failures_total),
     ("swarmd_nonfinite_steps", "Training steps whose loss or gradients were not finite (not contributed).",

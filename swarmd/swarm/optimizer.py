@@ -14,6 +14,8 @@
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
+- after a download that the swarm outran, the peer takes the swarm's parameters again without the optimizer's
+  statistics (a third of the bytes) instead of downloading the whole state again (swarm/parameter_refresh.py);
 - when a state average is applied, how far this peer's parameters were from it is measured (the drift);
 - progress is published to the DHT every quarter of the time left to the epoch's end (0.5-10 s) instead of
   after every step (swarm/progress.py); every averager paces its DHT requests (swarm/averager_pace.py).
@@ -35,6 +37,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
+from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implausible_average"]
@@ -44,6 +47,11 @@ logger = logging.getLogger(__name__)
 # A peer catching up by averaging weighs this much in the state round: it takes the swarm's state, not its older one
 # (not 0: a group of such peers alone would divide by a zero total weight)
 CATCHING_UP_WEIGHT = 1e-6
+
+# After a state download that ended behind, this many parameter refreshes (swarm/parameter_refresh.py) before the
+# next whole download: where even the parameters alone take longer than the swarm's epoch, refreshing cannot end
+# the chase, and a whole download at least brings the optimizer's statistics up to date.
+MAX_REFRESHES_PER_DOWNLOAD = 3
 
 
 class StateLoadFailed(RuntimeError):
@@ -102,7 +110,7 @@ class _UpstreamRpcNames:
         return cls._upstream._get_handle_name(namespace, method_name)
 
 
-class _ObservedStateAverager(_UpstreamRpcNames, TrainingStateAverager, _RecordsRounds):
+class _ObservedStateAverager(_UpstreamRpcNames, ServesParameters, TrainingStateAverager, _RecordsRounds):
     _upstream = TrainingStateAverager
 
     def __init__(self, *, averaging_log: AveragingLog, on_state_loaded: Callable[[], None], **kwargs):
@@ -260,6 +268,7 @@ class SwarmOptimizer(Optimizer):
         *,
         averaging_log: AveragingLog,
         load_state_attempts: int = 3,
+        refresh_parameters: bool = True,
         catch_up_by_averaging: bool = False,
         prescheduled_averaging: bool = True,
         guard_gradient_norm_ratio: float = 0.0,
@@ -270,6 +279,7 @@ class SwarmOptimizer(Optimizer):
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.load_state_attempts = load_state_attempts
+        self.refresh_parameters = refresh_parameters
         self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
         self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
@@ -283,6 +293,8 @@ class SwarmOptimizer(Optimizer):
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
         self._downloads_since_global_step = 0
+        self.parameter_refreshes_total = 0
+        self._refreshes_since_download = 0
         self._rounds_with_others_at_catch_up = 0
         with self._shutting_down_on_failure():
             super().__init__(**kwargs)
@@ -389,6 +401,7 @@ class SwarmOptimizer(Optimizer):
     def _count_state_load(self) -> None:
         self.state_loads_total += 1
         self._downloads_since_global_step += 1
+        self._refreshes_since_download = 0
         self.last_state_load_time = time.time()
         logger.info("Downloaded the swarm's state from a peer (download #%d)", self.state_loads_total)
 
@@ -494,13 +507,44 @@ class SwarmOptimizer(Optimizer):
             if self._should_catch_up_by_averaging():
                 self._catch_up_by_averaging()
             else:
-                self._download_state_bounded(**kwargs)
+                if not self._download_parameters_again():
+                    self._download_state_bounded(**kwargs)
                 self._set_catching_up(False)  # the swarm's own state
                 if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
                     # upstream's rule: one epoch behind is close enough (a gradient one step stale)
                     logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
                     self.state_averager.local_epoch = self.tracker.global_epoch
             self._start_epoch_afresh()
+
+    def _download_parameters_again(self) -> bool:
+        """A download since the last global step already ended behind the swarm (its epochs are shorter than a
+        download): take the swarm's parameters again without the optimizer statistics, a third of the bytes
+        (swarm/parameter_refresh.py). False where that does not apply or no peer sent them: download the state."""
+        if not (
+            self.refresh_parameters
+            and self._downloads_since_global_step >= 1
+            and self._refreshes_since_download < MAX_REFRESHES_PER_DOWNLOAD
+            and not self.auxiliary
+        ):
+            return False
+        self._refreshes_since_download += 1
+        started = time.monotonic()
+        try:
+            refreshed = self.state_averager.load_parameters_from_peers(timeout=self.load_state_timeout)
+        except Exception as e:  # noqa: BLE001 - a timeout or a broken peer: the whole download is the way left
+            logger.warning("Could not take the swarm's parameters again (%r); downloading its whole state", e)
+            return False
+        if not refreshed:
+            logger.info("No peer sent its parameters alone (plain hivemind peers do not); downloading the whole state")
+            return False
+        self.parameter_refreshes_total += 1
+        self.state_loads_total += 1  # a load from peers all the same: e.g. the worker's parameter guard lets it pass
+        logger.info(
+            "The swarm outran the state download: took its parameters again, of epoch %d, in %.1f s "
+            "(refresh #%d; the optimizer statistics stay those of the download)",
+            self.local_epoch, time.monotonic() - started, self.parameter_refreshes_total,
+        )
+        return True
 
     def _start_epoch_afresh(self) -> None:
         """After a download or a catch-up: nothing accumulated yet at the (new) epoch, served under it."""
@@ -587,6 +631,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
     return SwarmOptimizer(
         averaging_log=averaging_log,
         load_state_attempts=swarm.load_state_attempts,
+        refresh_parameters=swarm.refresh_parameters,
         catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
         prescheduled_averaging=swarm.prescheduled_averaging,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,

@@ -1,5 +1,6 @@
-"""A sync peer whose state download the swarm outran catches up by averaging instead of downloading again
-(`swarm.catch_up_by_averaging: true`; off by default for sync).
+"""A sync peer whose state download the swarm outran takes the swarm's parameters again without the optimizer's
+statistics (the default; a plain hivemind peer makes it download the whole state again), or catches up by averaging
+(`swarm.catch_up_by_averaging: true`).
 
 When the swarm's epoch is shorter than a state download (docs/PERFORMANCE.md section 5: 3.5 s against 6 s for 20M
 parameters), every download ends more than an epoch behind and upstream sends the peer back for another: the join
@@ -28,7 +29,17 @@ class _Probe(ProbeTask):
     name = "sync-catch-up-probe"
 
 
-def _peer(dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, **tracker_opts):
+class _AdamProbe(_Probe):
+    """With optimizer statistics, which a parameter refresh leaves as the download brought them."""
+
+    def build_optimizer(self, param_groups):
+        return torch.optim.Adam(param_groups, lr=0.01)
+
+
+def _peer(
+    dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, task_class=_Probe,
+    refresh_parameters: bool = True, **tracker_opts,
+):
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategy import build_swarm_optimizer
 
@@ -44,17 +55,33 @@ def _peer(dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optiona
                 "state_averaging_compression": "none",  # fp16 would blur the 1e-6 weight the test measures
                 "average_state_every": STATE_EVERY,
                 "offload_optimizer": offload_optimizer,
+                "refresh_parameters": refresh_parameters,
                 **({} if catch_up_by_averaging is None else {"catch_up_by_averaging": catch_up_by_averaging}),
                 "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2, **tracker_opts},
             },
             "training": {"batch_size": BATCH},
         }
     )
-    task = make_probe(_Probe, tmp_path, BATCH)
+    task = make_probe(task_class, tmp_path, BATCH)
     model = task.build_model()
     log = AveragingLog()
     optimizer = build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=log)
     return task, model, optimizer, log
+
+
+def _plain_hivemind_peer(dht, tmp_path):
+    """The swarm peer as plain hivemind.Optimizer, with _peer's settings: it serves no parameters alone."""
+    from hivemind import Optimizer
+
+    task = make_probe(_AdamProbe, tmp_path, BATCH)
+    model = task.build_model()
+    optimizer = Optimizer(
+        dht=dht, run_id="sync-catch-up", target_batch_size=2 * BATCH, batch_size_per_step=BATCH,
+        optimizer=task.build_optimizer, params=task.parameter_groups(model), matchmaking_time=1.0, averaging_timeout=5.0,
+        average_state_every=STATE_EVERY, offload_optimizer=True,
+        tracker_opts={"min_refresh_period": 0.1, "default_refresh_period": 0.2}, verbose=False,
+    )
+    return task, model, optimizer, None
 
 
 def _train_step(peer, seed: int, compute_seconds: float = 0.0) -> None:
@@ -102,25 +129,91 @@ def _outrun_a_download(swarm, make_joiner, seeds):
     return joiner
 
 
-def test_by_default_a_sync_peer_downloads_again(dht, tmp_path):
-    """hivemind's way stays the sync default: on loopback a second download got the joiner the swarm's parameters
-    sooner than the next state averaging (docs/PERFORMANCE.md section 5)."""
+def _adam_statistics(optimizer) -> list:
+    return [value for state in optimizer.state_averager.optimizer.state.values() for key, value in sorted(state.items())
+            if key.startswith("exp_avg")]
+
+
+@pytest.mark.parametrize("offload_optimizer", [True, False], ids=["offloaded", "in-place"])
+def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht, tmp_path, offload_optimizer):
+    """Instead of hivemind's second whole download (which, where the swarm's epoch is shorter than a download, ends
+    behind as well: the chase of docs/PERFORMANCE.md section 5), the parameters alone: the swarm's of now, with
+    the optimizer statistics of the first download."""
     from hivemind.utils.crypto import RSAPrivateKey
 
     other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
-    swarm = _peer(dht, tmp_path, True, catch_up_by_averaging=None)
+    swarm = _peer(dht, tmp_path, offload_optimizer, catch_up_by_averaging=None, task_class=_AdamProbe)
     joiner = None
     try:
-        joiner = _outrun_a_download(
-            swarm, lambda: _peer(other_dht, tmp_path, True, None, private_key=RSAPrivateKey()), iter(range(10**6))
-        )
+        downloaded = {}
+
+        def make_joiner():
+            peer = _peer(other_dht, tmp_path, offload_optimizer, None, _AdamProbe, private_key=RSAPrivateKey())
+            loads = peer[2].state_averager.load_state_from_peers
+
+            def load_and_keep(**kwargs):  # the statistics as the (only) whole download brought them
+                loaded = loads(**kwargs)
+                downloaded["statistics"] = [tensor.clone() for tensor in _adam_statistics(peer[2])]
+                downloaded["swarm"] = [tensor.clone() for tensor in _adam_statistics(swarm[2])]
+                return loaded
+
+            peer[2].state_averager.load_state_from_peers = load_and_keep
+            return peer
+
+        joiner = _outrun_a_download(swarm, make_joiner, iter(range(10**6)))
+        assert joiner[2].parameter_refreshes_total == 1, "the joiner did not take the parameters alone"
         assert joiner[2].state_loads_total == 2 and not joiner[2].catching_up
         assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
+        assert all(torch.equal(a, b) for a, b in zip(downloaded["statistics"], downloaded["swarm"]))
+        statistics, swarms = _adam_statistics(joiner[2]), _adam_statistics(swarm[2])
+        assert len(statistics) == len(swarms) == 8  # exp_avg and exp_avg_sq of four tensors
+        assert all(torch.equal(a, b) for a, b in zip(statistics, downloaded["statistics"])), "not those of epoch 2"
+        assert max(float((a - b).abs().max()) for a, b in zip(statistics, swarms)) > 1e-6  # the swarm's moved on
     finally:
         swarm[2].shutdown()
         if joiner is not None:
             joiner[2].shutdown()
         other_dht.shutdown()
+
+
+def _joiner_downloads_the_whole_state_again(dht, swarm, make_joiner) -> None:
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    joiner = None
+    try:
+        joiner = _outrun_a_download(swarm, lambda: make_joiner(other_dht), iter(range(10**6)))
+        assert joiner[2].parameter_refreshes_total == 0 and joiner[2].state_loads_total == 2
+        assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
+        assert all(torch.equal(a, b) for a, b in zip(_adam_statistics(joiner[2]), _adam_statistics(swarm[2])))
+    finally:
+        swarm[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+
+
+def test_with_refresh_parameters_off_a_sync_peer_downloads_the_whole_state_again(dht, tmp_path):
+    """hivemind's way, as `swarm.refresh_parameters: false` asks: the second download brings the statistics too."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    _joiner_downloads_the_whole_state_again(
+        dht,
+        _peer(dht, tmp_path, True, catch_up_by_averaging=None, task_class=_AdamProbe),
+        lambda other_dht: _peer(
+            other_dht, tmp_path, True, None, _AdamProbe, refresh_parameters=False, private_key=RSAPrivateKey()
+        ),
+    )
+
+
+def test_a_peer_that_does_not_serve_its_parameters_alone_is_downloaded_from_again(dht, tmp_path):
+    """A plain hivemind peer has no `rpc_download_parameters`: the joiner downloads the whole state again, as
+    hivemind would."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    _joiner_downloads_the_whole_state_again(
+        dht,
+        _plain_hivemind_peer(dht, tmp_path),
+        lambda other_dht: _peer(other_dht, tmp_path, True, None, _AdamProbe, private_key=RSAPrivateKey()),
+    )
 
 
 # hivemind's default on CPU offloads the optimizer: the state averager then averages the offloaded parameters in

@@ -22,6 +22,7 @@ from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.status.snapshot import Identity, build_snapshot
 from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.record_gate import AllowListValidator
@@ -199,7 +200,10 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     assert answer.code == averaging_pb2.BAD_GROUP_ID
     for _ in range(2):
         assert asyncio.run(collect(AdmitsAllowedPeers.rpc_download_state(averager, None, context))) == []
-    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 2, "reachability": 0}
+    # the parameters alone (swarm/parameter_refresh.py) are a state download too; refused before any state is read
+    averager.allow_state_sharing = True
+    assert asyncio.run(collect(ServesParameters.rpc_download_parameters(averager, None, context))) == []
+    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 3, "reachability": 0}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place
 

@@ -1,0 +1,139 @@
+"""A joiner that the swarm outran during its state download takes the swarm's parameters again, not its whole state.
+
+Why: hivemind lets a peer train only within one epoch of the swarm. When the swarm's epoch is shorter than a state
+download (the parameters and Adam's two statistics: three times the parameters' bytes), every download ends two or
+more epochs behind and upstream sends the peer back for another whole one, which ends behind as well: the join
+"chases" the swarm (docs/PERFORMANCE.md section 5: 3 to 17 downloads in one join on loopback). The parameters alone
+are a third of the bytes and of the CPU, so they arrive within an epoch where the whole state did not.
+
+What the peer then holds: the swarm's parameters of that epoch, with the optimizer statistics of its first
+download, a few epochs older. Adam's moments move little in a few steps (the second one averages over ~1000), so
+the peer's updates stay close to the swarm's, and the next state averaging (every `average_state_every` epochs)
+evens out what they moved.
+
+The protocol: `rpc_download_parameters`, which swarmd peers serve beside hivemind's `rpc_download_state` (the same
+gate of a private swarm, the same refusal while state sharing is off). A peer that does not serve it (plain
+hivemind) answers with an error, and the joiner downloads the whole state as upstream does.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import AsyncIterator, Optional
+
+from hivemind.compression import TensorRole, deserialize_torch_tensor
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
+from hivemind.utils.timed_storage import ValueWithExpiration
+
+from swarmd.swarm.averager_gate import admits
+
+__all__ = ["ServesParameters"]
+
+logger = logging.getLogger(__name__)
+
+
+class ServesParameters:
+    """For hivemind's TrainingStateAverager: serve and download the parameters (and extra tensors) without the
+    optimizer's statistics. Sits before TrainingStateAverager in the MRO."""
+
+    # hivemind collects a servicer's RPC handlers once per class and caches them on it; without these, a class whose
+    # parent collected first (a plain TrainingStateAverager built earlier in the process) would inherit the parent's
+    # handlers and stub, without the one below
+    _rpc_handlers = None
+    _stub_type = None
+
+    # --- serving (the averager's process) --------------------------------------------------------------------
+
+    async def rpc_download_parameters(
+        self, request: averaging_pb2.DownloadRequest, context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.DownloadData]:
+        if not self.allow_state_sharing or not admits(self._allow_list, context, "download_state"):
+            return  # as hivemind refuses a state download: no data, the caller asks the next peer
+        # the host process hands over the whole state (a copy in shared memory); only the parameters go out
+        metadata, tensors, infos = await self._get_current_state_from_host_process()
+        for tensor, info in zip(tensors, infos):
+            if info.role == TensorRole.OPTIMIZER:
+                continue
+            for part in split_for_streaming(self.state_compression.compress(tensor, info, allow_inplace=False)):
+                yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
+                metadata = None
+
+    # --- downloading (the averager's process) ----------------------------------------------------------------
+
+    async def _load_parameters_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
+        """The peers that share their state, by upstream's order (the highest epoch first), until one sends."""
+        chunk_timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+        try:
+            key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+            found = await self.dht.get(key, latest=True, return_future=True)
+            priority = {
+                PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties, as upstream
+                for peer_id, info in (found.value if found is not None else {}).items()
+                if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
+            }
+            for peer in sorted(priority, key=priority.get, reverse=True):
+                if peer == self.peer_id:
+                    continue
+                try:
+                    stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+                    stream = await stub.rpc_download_parameters(averaging_pb2.DownloadRequest())
+                    metadata, tensors, parts = None, [], []
+                    async for message in aiter_with_timeout(stream, timeout=chunk_timeout):
+                        if message.metadata:
+                            metadata = self.serializer.loads(message.metadata)
+                        if message.tensor_part.dtype and parts:  # a new tensor starts
+                            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                            parts = []
+                        parts.append(message.tensor_part)
+                    if parts:
+                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                except Exception as e:  # noqa: BLE001 - a plain hivemind peer has no such RPC: ask the next one
+                    logger.info("Peer %s did not send its parameters: %r", peer, e)
+                    continue
+                if metadata:
+                    future.set_result((metadata, tensors))
+                    return
+        except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
+            logger.warning("Could not download the swarm's parameters: %r", e)
+        finally:
+            if not future.done():
+                future.set_result(None)
+
+    # --- applying (the host process) -------------------------------------------------------------------------
+
+    def load_parameters_from_peers(self, timeout: Optional[float] = None) -> bool:
+        """Download the parameters (and extra tensors) of a peer whose epoch is not behind this one's, and take
+        them with its epoch; keep this peer's optimizer statistics. False when no peer sent a usable set."""
+        import torch
+
+        future = MPFuture()
+        self._outer_pipe.send(("_load_parameters_from_peers", [], dict(timeout=timeout, future=future)))
+        loaded = future.result(timeout=timeout)
+        if loaded is None:
+            return False
+        metadata, tensors = loaded
+        parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
+        targets = [*parameters, *self.extra_tensors]
+        epoch = metadata.get("epoch")
+        if not isinstance(epoch, int) or epoch < self.local_epoch:
+            logger.warning("Not taking a peer's parameters: its epoch (%r) is behind this peer's", epoch)
+            return False
+        if [tuple(t.shape) for t in tensors] != [tuple(t.shape) for t in targets]:
+            logger.warning("Not taking a peer's parameters: %d tensors of other shapes than this model's", len(tensors))
+            return False
+        with torch.no_grad(), self.lock_averaged_tensors:
+            for target, tensor in zip(targets, tensors):
+                target.copy_(tensor, non_blocking=True)
+        if self.offload_optimizer:
+            self._apply_optimizer_parameters_()  # the offloaded copies above, into the model's own parameters
+        if not self.reuse_tensors:
+            self._load_local_tensors_into_averager_()
+        self.local_epoch = epoch
+        self._update_scheduler()
+        self.parameters_version += 1  # the data-parallel ranks take them too (swarmd.ranks)
+        return True
