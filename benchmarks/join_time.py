@@ -6,8 +6,10 @@ DHT bootstrap), DHT up to the optimizer built (its averager processes), the look
 download of parameters and optimizer state, and download to the first gradient round averaged with the group.
 Then: when the joiner held the swarm's parameters, and how the swarm's loss fared meanwhile.
 
-Joins alternate between the two ways a joiner that the swarm outran during its download gets in
-(`swarm.catch_up_by_averaging`): catching up by averaging (swarmd's default) and downloading again (hivemind's).
+Joins alternate between three ways a joiner that the swarm outran during its download gets in: catching up by
+averaging (`swarm.catch_up_by_averaging`), taking the swarm's parameters again without the optimizer statistics, a
+third of the bytes (`swarm.refresh_parameters`, the sync default), and downloading the whole state again
+(hivemind's way).
 
     python benchmarks/join_time.py [--repeats 3] [--hidden 4900]
 """
@@ -27,14 +29,19 @@ from common import DaemonProcess, install_testtasks, machine, peer_config, print
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) ", re.M)
 
 
-MODES = {"catch up by averaging": True, "download again": False}
+# the `swarm:` settings of each way
+MODES = {
+    "catch up by averaging": {"catch_up_by_averaging": True},
+    "parameters again": {"catch_up_by_averaging": False, "refresh_parameters": True},
+    "whole state again": {"catch_up_by_averaging": False, "refresh_parameters": False},
+}
 
 
-def config(hidden: int, features: int, catch_up: bool) -> dict:
+def config(hidden: int, features: int, mode: dict) -> dict:
     return peer_config(
         task={"name": "faulty", "features": features, "hidden": hidden, "samples": 2048},
         swarm={"target_batch_size": 256, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0,
-               "catch_up_by_averaging": catch_up},
+               **mode},
         training={"batch_size": 16, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
@@ -69,6 +76,7 @@ def count_until(log: str, needle: str, moment: float) -> int:
 # requires the swarm's exact epoch); a catch-up by averaging is swarmd's way out of that (swarm/optimizer.py), and
 # the next state round gives the joiner the swarm's parameters.
 DOWNLOADED = "Downloaded the swarm's state"
+REFRESHED = "took its parameters again"  # the parameters alone, after a download the swarm outran (swarm/parameter_refresh.py)
 CAUGHT_UP_BY_AVERAGING = "The swarm moved on during the state download"
 HOLDS_THE_SWARMS_PARAMETERS = re.compile(r"Took the swarm's parameters by averaging: caught up at epoch (\d+)")
 JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")
@@ -83,8 +91,8 @@ def insiders_loss(status: dict, first: int, last: int) -> tuple[float, float]:
     return statistics.mean(before), max(during)
 
 
-def join_once(root: Path, env: dict, args, index: int, catch_up: bool) -> dict:
-    cfg = config(args.hidden, args.features, catch_up)
+def join_once(root: Path, env: dict, args, index: int, mode: dict) -> dict:
+    cfg = config(args.hidden, args.features, mode)
     peers = []
     try:
         a = DaemonProcess(root / f"a{index}", cfg, env=env, name="a").start()
@@ -109,7 +117,8 @@ def join_once(root: Path, env: dict, args, index: int, catch_up: bool) -> dict:
             holds = when(c.log, "Took the swarm's parameters by averaging")
             first, last = int(JOINED_EPOCH.search(c.log).group(1)), int(HOLDS_THE_SWARMS_PARAMETERS.search(c.log).group(1))
         else:
-            holds = max(stamp for stamp in stamps(log, DOWNLOADED) if stamp <= averaged_at)  # the last download
+            # the last download, or refresh of the parameters, before that round
+            holds = max(stamp for stamp in stamps(log, DOWNLOADED) + stamps(log, REFRESHED) if stamp <= averaged_at)
             first = c.status()["local_epoch"]
             last = first + 10
             a.wait_status(lambda s: s["local_epoch"] > last, 300, "ten epochs with the joiner")
@@ -126,6 +135,7 @@ def join_once(root: Path, env: dict, args, index: int, catch_up: bool) -> dict:
             "first_round": averaged_at - downloaded,
             "total": averaged_at - started,
             "downloads": count_until(log, DOWNLOADED, averaged_at),
+            "refreshes": count_until(log, REFRESHED, averaged_at),
             "catch_ups": count_until(log, CAUGHT_UP_BY_AVERAGING, averaged_at),
             "holds": holds - started,
             "loss_jump": loss_worst / loss_before,
@@ -143,6 +153,7 @@ ROWS = [
     ("downloaded -> first round averaged with the swarm", "first_round"),
     ("total", "total"),
     ("state downloads before that round (count)", "downloads"),
+    ("parameter refreshes before it (count)", "refreshes"),
     ("catch-ups by averaging before it (count)", "catch_ups"),
     ("start -> holding the swarm's parameters", "holds"),
     ("insider's worst epoch loss meanwhile / before (x)", "loss_jump"),
@@ -161,8 +172,8 @@ def main() -> None:
         root = Path(tmp)
         env = install_testtasks(root / "testtasks")
         for index in range(args.repeats):
-            for number, (mode, catch_up) in enumerate(MODES.items()):
-                runs[mode].append(join_once(root, env, args, 2 * index + number, catch_up))
+            for number, (mode, settings) in enumerate(MODES.items()):
+                runs[mode].append(join_once(root, env, args, len(MODES) * index + number, settings))
                 result = ", ".join(f"{key}={value:.3g}" for key, value in runs[mode][-1].items())
                 print(f"  [{index + 1}/{args.repeats}] {mode}: {result}", flush=True)
     state_mb = params * 4 * 3 / 1e6  # parameters + Adam's two statistics
