@@ -123,7 +123,16 @@ class DaemonProcess:
         return [arg for addr in self.initial_peers(timeout) for arg in ("--initial-peers", addr)]
 
     def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.splitlines()[-lines:])
+        """The log's last lines; after a native crash, the crashing thread's stack from faulthandler's dump first
+        (it comes before every other thread's, which would fill the tail)."""
+        log = self.log.splitlines()
+        crash = next((i for i, line in enumerate(log) if line.startswith("Fatal Python error")), None)
+        if crash is None:
+            return "\n".join(log[-lines:])
+        current = next((i for i in range(crash, len(log)) if log[i].startswith("Current thread")), crash)
+        end = next((i for i in range(current + 1, len(log)) if not log[i].strip()), len(log))  # that thread's block
+        crashed = log[crash: min(end, current + 60)]
+        return "\n".join(log[max(0, crash - 10): crash] + crashed + ["..."] + log[-lines // 2:])
 
     def _remember_descendants(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
