@@ -86,10 +86,9 @@ class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
             return self._current_state()
 
     def _current_state(self):
+        # Copies (_ObservedStateAverager.get_current_state): the averager process streams them to the downloader
+        # later, while the next outer step may already be changing the live ones.
         metadata, tensors, infos = super().get_current_state()
-        # Copies: upstream's are the live host tensors (`.cpu()` of a host tensor is itself), which the averager
-        # process streams to the downloader later, while the next outer step may already be changing them.
-        tensors = [tensor.detach().clone() for tensor in tensors]
         if self.inner_optimizer is not None:
             with torch.no_grad():
                 inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)

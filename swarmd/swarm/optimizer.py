@@ -119,6 +119,15 @@ class _ObservedStateAverager(_UpstreamRpcNames, ServesParameters, TrainingStateA
         self._epoch_of_round = lambda: self.local_epoch
         super().__init__(**kwargs)
 
+    def get_current_state(self):
+        """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`
+        of a CPU tensor is itself), and its host thread sends them to the averager process through a pipe, whose
+        pickler (torch.multiprocessing's) moves each storage into shared memory in place: the old memory is freed
+        under the training thread that is stepping or reading it, and the serving peer dies of a SIGSEGV
+        (docs/PERFORMANCE.md section 5). A copy costs one more pass over the state per download served."""
+        metadata, tensors, infos = super().get_current_state()
+        return metadata, [tensor.detach().clone() for tensor in tensors], infos
+
     # Counts the ways hivemind writes the model's own parameters, so the data-parallel ranks of this peer
     # (swarmd.ranks) get them again exactly when they changed: averaged state applied, the offloaded optimizer's
     # parameters copied back, or the local optimizer stepping them in place.

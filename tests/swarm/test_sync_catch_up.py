@@ -129,6 +129,16 @@ def _outrun_a_download(swarm, make_joiner, seeds):
     return joiner
 
 
+def _live_state_pointers(optimizer) -> dict:
+    """Where the peer's own state lives: its optimizer's parameters, extra tensors and statistics."""
+    averager = optimizer.state_averager
+    tensors = [param for group in averager.optimizer.param_groups for param in group["params"]]
+    tensors += list(averager.extra_tensors)
+    tensors += [value for state in averager.optimizer.state.values() for value in state.values()
+                if isinstance(value, torch.Tensor)]
+    return {index: (tensor.data_ptr(), tensor.is_shared()) for index, tensor in enumerate(tensors)}
+
+
 def _adam_statistics(optimizer) -> list:
     return [value for state in optimizer.state_averager.optimizer.state.values() for key, value in sorted(state.items())
             if key.startswith("exp_avg")]
@@ -148,6 +158,7 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
         downloaded = {}
 
         def make_joiner():
+            downloaded["live"] = _live_state_pointers(swarm[2])
             peer = _peer(other_dht, tmp_path, offload_optimizer, None, _AdamProbe, private_key=RSAPrivateKey())
             loads = peer[2].state_averager.load_state_from_peers
 
@@ -169,6 +180,9 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
         assert len(statistics) == len(swarms) == 8  # exp_avg and exp_avg_sq of four tensors
         assert all(torch.equal(a, b) for a, b in zip(statistics, downloaded["statistics"])), "not those of epoch 2"
         assert max(float((a - b).abs().max()) for a, b in zip(statistics, swarms)) > 1e-6  # the swarm's moved on
+        # What it served were copies: sending its live tensors to its averager process would have moved their
+        # storage into shared memory under its training thread (a SIGSEGV of the serving peer).
+        assert _live_state_pointers(swarm[2]) == downloaded["live"], "serving a download moved the live tensors"
     finally:
         swarm[2].shutdown()
         if joiner is not None:
