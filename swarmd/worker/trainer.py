@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -238,9 +238,13 @@ class TrainingWorker:
         while not self._stop.is_set():
             try:
                 self.stats.begin("computing")  # the next batch, forward, backward
-                self._step(next(batches))
+                self._step(batches)
                 consecutive_failures = 0
-            except (StopIteration, KeyboardInterrupt, RankFailure):
+            except StopIteration:
+                if self.ranks is not None:
+                    self.ranks.sync.abandon_step()  # the data ended after the lead: let the ranks finish the step
+                raise
+            except (KeyboardInterrupt, RankFailure):
                 raise  # a rank that died or hung is not retried: the daemon stops and systemd restarts the peer
             except StateLoadFailed as e:
                 logger.warning("%s; retrying after a pause", e)
@@ -309,13 +313,18 @@ class TrainingWorker:
             data=None if self.auxiliary else DataPosition(self.data_seed, self._stream_seed, self._batches_taken),
         )
 
-    def _step(self, batch: Any) -> None:
+    def _step(self, batches: Iterator) -> None:
         started = time.perf_counter()
         if self.ranks is not None:  # the ranks step with us, on rank 0's parameters
             self.ranks.sync.lead(
                 params_version=self._parameters_version(), epoch=self.optimizer.local_epoch,
                 loss_scale=self.precision.loss_scale() or 1.0,
             )
+        # The batch after the lead, as the other ranks take theirs: taken before it, it made them start and finish
+        # each step one batch later than this rank, and both waited that long every step (docs/RANKS.md).
+        loading = time.perf_counter()
+        batch = next(batches)
+        started += time.perf_counter() - loading  # a step's seconds are its compute, not its data, as before
         batch = move_to_device(batch, self.device)
         with self.precision.autocast():
             output = self.task.training_step(self.model, batch)

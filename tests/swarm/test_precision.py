@@ -58,7 +58,7 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
         bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
         fed = []
         for batch in (a, bad, b, c, _batch(5), _batch(6)):
-            worker._step(batch)
+            worker._step(iter([batch]))
             fed.append(batch)
             if optimizer.local_epoch == 1:
                 break
@@ -140,7 +140,7 @@ def test_diloco_drops_the_bad_inner_step_and_its_outer_step_lands_on_the_inner_r
         a, b = _batch(1), _batch(2)
         bad = _batch(4, scale=1e3) if precision == "fp16" else (torch.full((BATCH, 16), float("nan")), b[1])
         for batch in (a, bad, b):
-            worker._step(batch)
+            worker._step(iter([batch]))
         assert optimizer.local_epoch == 1, "no outer step after two good inner steps"
         assert optimizer.averaging_log.last("outer").outcome == "local"  # alone: its own pseudo-gradient
 
