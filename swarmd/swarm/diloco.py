@@ -45,9 +45,8 @@ from hivemind.averaging.control import StepControl
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm.averaging_log import AveragingLog
-from swarmd.swarm.compression import make_compression
 from swarmd.swarm.diloco_state import DiLoCoStateAverager
-from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average
+from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average, shared_optimizer_options
 from swarmd.swarm.outer_round import (
     PARTIAL,
     OuterAverager,
@@ -665,10 +664,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
 def build_diloco_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> DiLoCoOptimizer:
     """DiLoCoOptimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
     swarm, diloco = config.swarm, config.swarm.diloco
-    averager_opts = dict(swarm.averager_opts)
-    averager_opts.setdefault("request_timeout", min(3.0, swarm.matchmaking_time / 2))
     return DiLoCoOptimizer(
-        params=task.parameter_groups(model),
+        **shared_optimizer_options(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log),
         inner_optimizer=task.build_optimizer,
         inner_scheduler=task.build_scheduler,
         batch_size=config.training.batch_size,
@@ -682,26 +679,5 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         prescheduled_outer_rounds=swarm.prescheduled_averaging,
         average_state_every=diloco.average_state_every,
         state_check_tolerance=diloco.state_check_tolerance,
-        grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
-        averaging_log=averaging_log,
-        guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
-        load_state_attempts=swarm.load_state_attempts,
         catch_up_by_averaging=swarm.catch_up_by_averaging is not False,  # on unless turned off
-        dht=dht,
-        run_id=config.run_id,
-        matchmaking_time=swarm.matchmaking_time,
-        averaging_timeout=swarm.averaging_timeout,
-        allreduce_timeout=swarm.allreduce_timeout,
-        next_chunk_timeout=swarm.next_chunk_timeout,  # None: hivemind's matchmaking_time
-        load_state_timeout=swarm.load_state_timeout,
-        # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
-        client_mode=dht.client_mode,
-        state_averaging_compression=make_compression(
-            swarm.state_averaging_compression, "swarm.state_averaging_compression"
-        ),
-        load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
-        extra_tensors=tuple(task.extra_tensors(model)),
-        averager_opts=averager_opts,
-        tracker_opts=dict(swarm.tracker_opts),
-        verbose=False,
     )

@@ -630,33 +630,52 @@ class SwarmOptimizer(Optimizer):
         raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
 
 
-def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
-    """`swarm.strategy: sync`: hivemind.Optimizer from the config and task (swarm/strategy.py picks the strategy)."""
+def shared_optimizer_options(*, dht, config, model, task, averaging_log: AveragingLog) -> dict:
+    """What every strategy passes to its hivemind-based optimizer alike: the swarm, its timeouts, wire formats,
+    guards and the model's tensors (build_sync_optimizer and diloco.build_diloco_optimizer add their own)."""
     swarm = config.swarm
-    auxiliary = swarm.auxiliary
     averager_opts = dict(swarm.averager_opts)
     # hivemind warns (and risks matchmaking deadlocks) when an RPC may outlast the matchmaking window
     averager_opts.setdefault("request_timeout", min(3.0, swarm.matchmaking_time / 2))
-    return SwarmOptimizer(
+    return dict(
         averaging_log=averaging_log,
         load_state_attempts=swarm.load_state_attempts,
-        refresh_parameters=swarm.refresh_parameters,
-        catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
-        prescheduled_averaging=swarm.prescheduled_averaging,
         guard_gradient_norm_ratio=swarm.guard_gradient_norm_ratio,
-        clip_local_grad_norm=swarm.clip_local_grad_norm,
         dht=dht,
         run_id=config.run_id,
-        target_batch_size=swarm.target_batch_size,
-        batch_size_per_step=None if auxiliary else config.training.batch_size,
-        optimizer=task.build_optimizer,
         params=task.parameter_groups(model),
-        scheduler=task.build_scheduler,
         matchmaking_time=swarm.matchmaking_time,
         averaging_timeout=swarm.averaging_timeout,
         allreduce_timeout=swarm.allreduce_timeout,
         next_chunk_timeout=swarm.next_chunk_timeout,  # None: hivemind's matchmaking_time
         load_state_timeout=swarm.load_state_timeout,
+        # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
+        client_mode=dht.client_mode,
+        grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
+        state_averaging_compression=make_compression(
+            swarm.state_averaging_compression, "swarm.state_averaging_compression"
+        ),
+        load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
+        extra_tensors=tuple(task.extra_tensors(model)),
+        averager_opts=averager_opts,
+        tracker_opts=dict(swarm.tracker_opts),
+        verbose=False,
+    )
+
+
+def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> SwarmOptimizer:
+    """`swarm.strategy: sync`: hivemind.Optimizer from the config and task (swarm/strategy.py picks the strategy)."""
+    swarm = config.swarm
+    return SwarmOptimizer(
+        **shared_optimizer_options(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log),
+        refresh_parameters=swarm.refresh_parameters,
+        catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
+        prescheduled_averaging=swarm.prescheduled_averaging,
+        clip_local_grad_norm=swarm.clip_local_grad_norm,
+        target_batch_size=swarm.target_batch_size,
+        batch_size_per_step=None if swarm.auxiliary else config.training.batch_size,
+        optimizer=task.build_optimizer,
+        scheduler=task.build_scheduler,
         reuse_grad_buffers=swarm.reuse_grad_buffers,
         offload_optimizer=swarm.offload_optimizer,
         delay_optimizer_step=swarm.delay_optimizer_step,
@@ -664,17 +683,6 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
         delay_state_averaging=swarm.delay_state_averaging,
         average_state_every=swarm.average_state_every,
         use_local_updates=swarm.use_local_updates,
-        # hivemind 1.1.12 inverts this flag (optimizer.py l.205): only the DHT's own value is used correctly.
-        client_mode=dht.client_mode,
-        auxiliary=auxiliary,
-        grad_compression=make_compression(swarm.grad_compression, "swarm.grad_compression"),
-        state_averaging_compression=make_compression(
-            swarm.state_averaging_compression, "swarm.state_averaging_compression"
-        ),
-        load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
+        auxiliary=swarm.auxiliary,
         average_opt_statistics=tuple(swarm.average_opt_statistics),
-        extra_tensors=tuple(task.extra_tensors(model)),
-        averager_opts=averager_opts,
-        tracker_opts=dict(swarm.tracker_opts),
-        verbose=False,
     )
