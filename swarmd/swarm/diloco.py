@@ -27,8 +27,9 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   finds the swarm moved on during two downloads in a row (a link too slow for the state: it would chase the swarm
   forever) joins the swarm's current round instead, with nothing to contribute, and takes the swarm's outer state
   from that round's state averaging, where its own weighs next to nothing;
-- parameters (with the outer momentum) are averaged only at the first outer step (peers started from different
-  seeds become equal), at the first outer step with company after one on this peer's own pseudo-gradient (peers
+- parameters (with the outer momentum) are averaged only at the first outer step when the members' outer states
+  are not byte for byte the same (peers started from different seeds become equal), at the first outer step with
+  company after one on this peer's own pseudo-gradient (peers
   that were alone or failed a round together become equal again), and every `diloco.average_state_every` outer
   steps when asked.
 docs/DILOCO.md says more, and what differs from OpenDiLoCo.
@@ -36,6 +37,7 @@ docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Callable, Optional
@@ -283,10 +285,13 @@ class DiLoCoOptimizer(SwarmOptimizer):
         never form a group (hivemind's keys carry no epoch); the all-gather still checks it, for keys that wrap
         around. What the group gathers: the outer step, whether this peer stepped apart from the swarm since it last
         averaged state, and its outer state's fingerprint (all three fixed during the inner steps)."""
-        fingerprint = self._state_fingerprint() if self.state_check_tolerance else []
+        if epoch == 0:  # whether the members start alike: if so, the first step need not average their state
+            check = {"digest": self._state_digest()}
+        else:
+            check = self._state_fingerprint() if self.state_check_tolerance else []
         self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
         return self.outer_averager.step(
-            weight=weight, gather=[epoch, self._apart_from_swarm, fingerprint], timeout=self.averaging_timeout,
+            weight=weight, gather=[epoch, self._apart_from_swarm, check], timeout=self.averaging_timeout,
             wait=False, **schedule,
         )
 
@@ -434,18 +439,30 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 return
             time.sleep(min(left, 0.25))
 
+    def _outer_state(self) -> tuple[list, list]:
+        """The outer parameters and the outer momentum buffers."""
+        params = self._outer_parameters()
+        state = self.state_averager.optimizer.state
+        # .get: torch's optimizer state is a defaultdict, and an outer SGD without momentum keeps no buffer
+        momentum = [state.get(param, {}).get("momentum_buffer") for param in params]
+        return params, [buffer for buffer in momentum if buffer is not None]
+
+    @torch.no_grad()
+    def _state_digest(self) -> str:
+        """A digest of the outer state's bytes: equal for members that start from the same point, and only then."""
+        digest = hashlib.blake2b(digest_size=16)
+        for tensors in self._outer_state():
+            for tensor in tensors:
+                digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy())
+        return digest.hexdigest()
+
     @torch.no_grad()
     def _state_fingerprint(self) -> list[float]:
         """Four float64 numbers that two peers with the same outer state share, and that one outer step (or a
         download of another epoch's state) changes: the L1 norms and squared L2 norms of the outer parameters and
         of the outer momentum (norms, not sums: a sum near 0 would make rounding look like a difference)."""
-        params = self._outer_parameters()
-        state = self.state_averager.optimizer.state
-        # .get: torch's optimizer state is a defaultdict, and an outer SGD without momentum keeps no buffer
-        momentum = [state.get(param, {}).get("momentum_buffer") for param in params]
-        momentum = [buffer for buffer in momentum if buffer is not None]
         fingerprint = []
-        for tensors in (params, momentum):
+        for tensors in self._outer_state():
             l1 = l2 = 0.0
             for tensor in tensors:  # one float64 copy at a time
                 flat = tensor.detach().to(torch.float64).flatten()
@@ -518,14 +535,22 @@ class DiLoCoOptimizer(SwarmOptimizer):
         problem = problem or implausible_average(own, averaged, self.pseudo_gradient_guard_ratio)
         if problem:
             return own, "rejected", len(gathered), f"rejected the average: {problem}", ""
-        return averaged, "success", len(gathered), "", self._why_apart(gathered)
+        return averaged, "success", len(gathered), "", self._why_apart(gathered, epoch)
 
-    def _why_apart(self, gathered: list) -> str:
+    def _why_apart(self, gathered: list, epoch: int) -> str:
         """Why the group must average its outer state before this step ("" if it need not). Every member decides
         from the same gathered values, so all of them decide alike."""
-        if any(apart for _, apart, _ in gathered):
+        if any(apart for _, apart, _, _ in gathered):
             return "a peer of the group had stepped on its own pseudo-gradient"
-        fingerprints = [fingerprint for *_, fingerprint in gathered if fingerprint]
+        if epoch == 0:
+            # Peers of one run start alike (one seed, or the state of a level peer: swarm/initial_state.py), and
+            # averaging equal states only cost time: ~17 s of parameters and momentum at 20 Mbit/s, a tenth of a
+            # benchmark run's training (docs/PERFORMANCE.md section 9). Older swarmd sends no digest: average.
+            digests = {digest for *_, digest in gathered}
+            if len(digests) != 1 or "" in digests:
+                return "the first outer step, and the members did not all start from the same outer state"
+            return ""
+        fingerprints = [fingerprint for _, _, fingerprint, _ in gathered if fingerprint]
         if self.state_check_tolerance > 0 and len(fingerprints) > 1:
             difference = fingerprint_difference(fingerprints)
             if difference > self.state_check_tolerance:
@@ -557,7 +582,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
 
     def _should_average_state(self, next_epoch: int) -> bool:
         every = self.diloco_average_state_every
-        return next_epoch == 1 or (every > 0 and next_epoch % every == 0)
+        return every > 0 and next_epoch % every == 0
 
     # --- joining, checkpoints, shutdown ------------------------------------------------------------------------
 

@@ -122,11 +122,16 @@ class SentRound:
 
 
 def gathered_entry(value) -> tuple:
-    """(epoch, apart, fingerprint) from what a member sent with the round (older swarmd sent [epoch, apart])."""
+    """(epoch, apart, fingerprint, digest) from what a member sent with the round: [epoch, apart, check], the check
+    being its outer state's fingerprint, or at the first outer step {"digest": ...}. Older swarmd sent [epoch, apart]
+    or a fingerprint there, and no digest (it ignores a dict: no fingerprint to compare)."""
     if isinstance(value, (list, tuple)) and len(value) in (2, 3):
-        fingerprint = list(value[2]) if len(value) == 3 and isinstance(value[2], (list, tuple)) else []
-        return value[0], bool(value[1]), fingerprint
-    return value, False, []
+        check = value[2] if len(value) == 3 else []
+        if isinstance(check, dict):
+            return value[0], bool(value[1]), [], str(check.get("digest") or "")
+        fingerprint = list(check) if isinstance(check, (list, tuple)) else []
+        return value[0], bool(value[1]), fingerprint, ""
+    return value, False, [], ""
 
 
 def fingerprint_difference(fingerprints: list) -> float:

@@ -350,6 +350,34 @@ def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before
         other_dht.shutdown()
 
 
+@pytest.mark.parametrize("start", ["alike", "apart"])
+def test_the_first_outer_step_averages_the_outer_state_only_when_the_members_started_apart(dht, tmp_path, start):
+    """Peers of one run start from one initialisation: the first outer step sends a digest of each member's outer
+    state, and averages parameters and momentum (slow on a slow link) only when the digests differ."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    model = probe_model()
+    if start == "apart":
+        with torch.no_grad():
+            next(model.parameters()).add_(0.5)  # another seed, in effect
+    peers = [_peer(dht, tmp_path, f"diloco-first-{start}"),
+             _peer(other_dht, tmp_path, f"diloco-first-{start}", model=model,
+                   tracker_opts={"private_key": RSAPrivateKey()})]
+    try:
+        assert (peers[0][2]._state_digest() == peers[1][2]._state_digest()) == (start == "alike")
+        _round_together(peers, list(range(H)))
+        for peer in peers:
+            assert peer[3].last("outer").outcome == "success", peer[3].last("outer")
+            assert peer[3].summary().counts.get(("state", "success"), 0) == (1 if start == "apart" else 0)
+        for mine, theirs in zip(_outer_state(peers[1][2]), _outer_state(peers[0][2])):
+            assert float((mine - theirs).abs().max()) < 1e-6  # equal after the first outer step either way
+    finally:
+        for peer in peers:
+            peer[2].shutdown()
+        other_dht.shutdown()
+
+
 def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_path):
     """hivemind keeps a peer's own values for the parts whose reducer failed and calls the round a success; the
     outer averager says what did not arrive, and the peer steps on its own pseudo-gradient, apart (repaired later)."""
@@ -424,7 +452,8 @@ def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_
             assert peer[2].prescheduled_rounds_total == 1 and peer[2]._scheduled_round is None
         for ref, own in zip(reference, seeds):
             ref.inner_steps(own[-1:])
-        # the first outer step also averages parameters (equal here: one initialisation), then steps on the average
+        # one initialisation: the first outer step steps on the average without averaging the (equal) parameters
+        assert all(peer[3].summary().counts.get(("state", "success"), 0) == 0 for peer in peers)
         average = [(a + b) / 2 for a, b in zip(reference[0].pseudo_gradient(), reference[1].pseudo_gradient())]
         reference[0].outer_step(average)
         for peer in peers:
