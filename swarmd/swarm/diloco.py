@@ -544,8 +544,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             return "a peer of the group had stepped on its own pseudo-gradient"
         if epoch == 0:
             # Peers of one run start alike (one seed, or the state of a level peer: swarm/initial_state.py), and
-            # averaging equal states only cost time: ~17 s of parameters and momentum at 20 Mbit/s, a tenth of a
-            # benchmark run's training (docs/PERFORMANCE.md section 9). Older swarmd sends no digest: average.
+            # averaging equal states only cost time: ~17 s of parameters and momentum at 20 Mbit/s for the 9M
+            # parameters of benchmarks/wan.py, once per run (docs/DILOCO.md). Older swarmd sends no digest: average.
             digests = {digest for *_, digest in gathered}
             if len(digests) != 1 or "" in digests:
                 return "the first outer step, and the members did not all start from the same outer state"
