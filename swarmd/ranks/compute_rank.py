@@ -140,62 +140,14 @@ def run_compute_rank(
     spawned this rank, env:// under torchrun). Returns the exit code."""
     where = f"rank {rank} ({device})"
     try:
-        import torch
         import torch.distributed as dist
 
-        from swarmd.ranks.layout import rank_data_seed
-        from swarmd.ranks.step_sync import StepSync, share_data_seed
-        from swarmd.tasks.base import TaskContext
-        from swarmd.tasks.registry import resolve_task
-        from swarmd.worker.batches import move_to_device
-        from swarmd.worker.precision import make_precision
-
-        if threads:
-            torch.set_num_threads(threads)
-        torch_device = torch.device(device)
-        if torch_device.type == "cuda":
-            torch.cuda.set_device(torch_device)
-        training = config.training
-        task = resolve_task(config.task.name)(
-            config.task.settings,
-            TaskContext(
-                state_dir=config.state_path,
-                device=torch_device,
-                precision=training.precision,
-                batch_size=training.batch_size,
-                seed=init_seed,
-                rank=rank,
-                ranks=world_size,
-            ),
+        task, model, precision = _build_replica(
+            config, rank=rank, world_size=world_size, device=device, init_seed=init_seed, threads=threads
         )
-        task.prepare()
-        torch.manual_seed(init_seed)
-        model = task.build_model().to(torch_device)
-        model.train()
-        # autocast only: the loss scale comes from rank 0 with every step (reuse_grad_buffers=False keeps
-        # hivemind's GradScaler, and so hivemind, out of this process)
-        precision = make_precision(training.precision, model=model, device=torch_device, reuse_grad_buffers=False)
         join_group()
-        data_seed = share_data_seed(None, rank=rank, device=torch_device)
-        sync = StepSync(model, rank=rank, world_size=world_size, device=torch_device)
-        logger.info("%s ready: %d parameters, batch %d", where, sum(p.numel() for p in model.parameters()), training.batch_size)
-
-        batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))
-        epoch = None
-        while True:
-            control = sync.follow()
-            if control is None:
-                break
-            if control.epoch != epoch:
-                epoch = control.epoch
-                task.set_epoch(epoch)
-            batch = move_to_device(next(batches), torch_device)
-            with precision.autocast():
-                output = task.training_step(model, batch)
-            loss = output.loss
-            (loss * control.loss_scale if control.loss_scale != 1.0 else loss).backward()
-            sync.average_gradients(samples=output.batch_size, loss=float(loss.detach().float().item()))
-        logger.info("%s stopped after %d steps", where, sync.steps_total)
+        steps = _step_with_rank_0(task, model, precision, rank=rank, world_size=world_size, where=where)
+        logger.info("%s stopped after %d steps", where, steps)
         dist.destroy_process_group()
         return int(ExitCode.OK)
     except ConfigError as e:
@@ -204,6 +156,70 @@ def run_compute_rank(
     except Exception as e:  # noqa: BLE001 - one line for rank 0's log, the traceback for the report
         logger.exception("%s failed: %s", where, e)
         return int(ExitCode.FAILURE)
+
+
+def _build_replica(config, *, rank: int, world_size: int, device: str, init_seed: int, threads: int):
+    """(task, model, precision) of this rank: the task and model from the same config and init seed as rank 0's."""
+    import torch
+
+    from swarmd.tasks.base import TaskContext
+    from swarmd.tasks.registry import resolve_task
+    from swarmd.worker.precision import make_precision
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    training = config.training
+    task = resolve_task(config.task.name)(
+        config.task.settings,
+        TaskContext(
+            state_dir=config.state_path,
+            device=torch_device,
+            precision=training.precision,
+            batch_size=training.batch_size,
+            seed=init_seed,
+            rank=rank,
+            ranks=world_size,
+        ),
+    )
+    task.prepare()
+    torch.manual_seed(init_seed)
+    model = task.build_model().to(torch_device)
+    model.train()
+    # autocast only: the loss scale comes from rank 0 with every step (reuse_grad_buffers=False keeps
+    # hivemind's GradScaler, and so hivemind, out of this process)
+    precision = make_precision(training.precision, model=model, device=torch_device, reuse_grad_buffers=False)
+    return task, model, precision
+
+
+def _step_with_rank_0(task, model, precision, *, rank: int, world_size: int, where: str) -> int:
+    """In the process group: step whenever rank 0 says so, until it says stop; returns the steps taken."""
+    from swarmd.ranks.layout import rank_data_seed
+    from swarmd.ranks.step_sync import StepSync, share_data_seed
+    from swarmd.worker.batches import move_to_device
+
+    device = task.context.device
+    data_seed = share_data_seed(None, rank=rank, device=device)
+    sync = StepSync(model, rank=rank, world_size=world_size, device=device)
+    logger.info("%s ready: %d parameters, batch %d", where, sum(p.numel() for p in model.parameters()), task.context.batch_size)
+
+    batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))
+    epoch = None
+    while True:
+        control = sync.follow()
+        if control is None:
+            return sync.steps_total
+        if control.epoch != epoch:
+            epoch = control.epoch
+            task.set_epoch(epoch)
+        batch = move_to_device(next(batches), device)
+        with precision.autocast():
+            output = task.training_step(model, batch)
+        loss = output.loss
+        (loss * control.loss_scale if control.loss_scale != 1.0 else loss).backward()
+        sync.average_gradients(samples=output.batch_size, loss=float(loss.detach().float().item()))
 
 
 def _exit_now(code: int) -> None:
