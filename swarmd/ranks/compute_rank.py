@@ -203,7 +203,8 @@ def _step_with_rank_0(task, model, precision, *, rank: int, world_size: int, whe
     device = task.context.device
     data_seed = share_data_seed(None, rank=rank, device=device)
     sync = StepSync(model, rank=rank, world_size=world_size, device=device)
-    logger.info("%s ready: %d parameters, batch %d", where, sum(p.numel() for p in model.parameters()), task.context.batch_size)
+    parameters = sum(p.numel() for p in model.parameters())
+    logger.info("%s ready: %d parameters, batch %d", where, parameters, task.context.batch_size)
 
     batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))
     epoch = None

@@ -37,7 +37,6 @@ docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Callable, Optional
@@ -54,6 +53,7 @@ from swarmd.swarm.outer_round import (
     OuterAverager,
     RoundProgressTracker,
     SentRound,
+    bytes_digest,
     fingerprint_difference,
     gathered_entry,
 )
@@ -447,14 +447,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         momentum = [state.get(param, {}).get("momentum_buffer") for param in params]
         return params, [buffer for buffer in momentum if buffer is not None]
 
-    @torch.no_grad()
     def _state_digest(self) -> str:
-        """A digest of the outer state's bytes: equal for members that start from the same point, and only then."""
-        digest = hashlib.blake2b(digest_size=16)
-        for tensors in self._outer_state():
-            for tensor in tensors:
-                digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy())
-        return digest.hexdigest()
+        return bytes_digest(tensor for tensors in self._outer_state() for tensor in tensors)
 
     @torch.no_grad()
     def _state_fingerprint(self) -> list[float]:

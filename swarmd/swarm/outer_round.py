@@ -5,6 +5,7 @@ swarm/diloco.py drives it."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,7 +19,10 @@ from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.optimizer import _UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
 
-__all__ = ["OuterAverager", "PARTIAL", "RoundProgressTracker", "SentRound", "fingerprint_difference", "gathered_entry"]
+__all__ = [
+    "OuterAverager", "PARTIAL", "RoundProgressTracker", "SentRound", "bytes_digest", "fingerprint_difference",
+    "gathered_entry",
+]
 
 
 PARTIAL = "swarmd.partial"  # key the outer averager adds to a round's gathered data: the fraction that did not arrive
@@ -132,6 +136,16 @@ def gathered_entry(value) -> tuple:
         fingerprint = list(check) if isinstance(check, (list, tuple)) else []
         return value[0], bool(value[1]), fingerprint, ""
     return value, False, [], ""
+
+
+def bytes_digest(tensors) -> str:
+    """A digest of the tensors' bytes, in order: equal for equal values (and dtypes), and only then."""
+    digest = hashlib.blake2b(digest_size=16)
+    with torch.no_grad():
+        for tensor in tensors:
+            flat = tensor.detach().to("cpu").reshape(-1)  # flat and contiguous: a 0-d tensor has no byte view
+            digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def fingerprint_difference(fingerprints: list) -> float:
