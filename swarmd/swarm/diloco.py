@@ -27,11 +27,10 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   finds the swarm moved on during two downloads in a row (a link too slow for the state: it would chase the swarm
   forever) joins the swarm's current round instead, with nothing to contribute, and takes the swarm's outer state
   from that round's state averaging, where its own weighs next to nothing;
-- parameters (with the outer momentum) are averaged only at the first outer step when the members' outer states
-  are not byte for byte the same (peers started from different seeds become equal), at the first outer step with
-  company after one on this peer's own pseudo-gradient (peers
-  that were alone or failed a round together become equal again), and every `diloco.average_state_every` outer
-  steps when asked.
+- parameters (with the outer momentum) are averaged only: at the first outer step when the members' outer states
+  are not byte for byte the same (peers started from different seeds become equal); at the first outer step with
+  company after one on this peer's own pseudo-gradient (peers that were alone or failed a round together become
+  equal again); and every `diloco.average_state_every` outer steps when asked.
 docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 """
 
@@ -284,7 +283,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         """Begin outer step `epoch`'s round. Its matchmaking keys carry the outer step, so peers of different steps
         never form a group (hivemind's keys carry no epoch); the all-gather still checks it, for keys that wrap
         around. What the group gathers: the outer step, whether this peer stepped apart from the swarm since it last
-        averaged state, and its outer state's fingerprint (all three fixed during the inner steps)."""
+        averaged state, and its outer state's fingerprint, or at the first outer step the digest of its bytes (all
+        three fixed during the inner steps)."""
         if epoch == 0:  # whether the members start alike: if so, the first step need not average their state
             check = {"digest": self._state_digest()}
         else:
