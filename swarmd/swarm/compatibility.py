@@ -21,6 +21,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "FIELDS",
     "model_fingerprint",
+    "update_with_bytes",
     "parameter_digest",
     "compatibility_of",
     "compatibility_of_record",
@@ -42,15 +43,20 @@ def model_fingerprint(model) -> tuple[str, int]:
 def parameter_digest(model, *, values: bool = False):
     """sha256 over each parameter's name, shape and dtype, and with `values` its bytes too (read on the host):
     the model's architecture, or the very values it holds (swarm/initial_state.py start_values)."""
-    if values:
-        import torch  # for the bytes only: this module otherwise needs no torch (the model is passed in)
     digest = hashlib.sha256()
     for name, parameter in model.named_parameters():
         digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype}\n".encode())
         if values:
-            flat = parameter.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
+            update_with_bytes(digest, parameter)
     return digest
+
+
+def update_with_bytes(digest, tensor) -> None:
+    """Feed a tensor's bytes (read on the host, in its logical order) to a hashlib digest."""
+    import torch  # for the bytes only: this module otherwise needs no torch (the model is passed in)
+
+    flat = tensor.detach().to("cpu").reshape(-1)  # flat and contiguous: a 0-d tensor has no byte view
+    digest.update(flat.view(torch.uint8).numpy())
 
 
 def compatibility_of(config, model) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainin
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.compatibility import update_with_bytes
 from swarmd.swarm.optimizer import _UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
 
@@ -141,10 +142,8 @@ def gathered_entry(value) -> tuple:
 def bytes_digest(tensors) -> str:
     """A digest of the tensors' bytes, in order: equal for equal values (and dtypes), and only then."""
     digest = hashlib.blake2b(digest_size=16)
-    with torch.no_grad():
-        for tensor in tensors:
-            flat = tensor.detach().to("cpu").reshape(-1)  # flat and contiguous: a 0-d tensor has no byte view
-            digest.update(flat.view(torch.uint8).numpy())
+    for tensor in tensors:
+        update_with_bytes(digest, tensor)
     return digest.hexdigest()
 
 
