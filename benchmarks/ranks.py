@@ -11,6 +11,10 @@ samples per CPU-second, which says what the ranks cost in work whatever else run
 loop again while an independent copy of it trains on core 1 (nothing shared with it): 2 ranks over twice that is
 what the protocol costs, apart from what the machine's cores cost each other when both compute.
 
+And torch's own DistributedDataParallel (gloo, the same 2 ranks pinned the same way, its default 25 MB buckets
+all-reduced from backward hooks, overlapped with the rest of backward): the library's ceiling for 2 CPU ranks on
+this machine, beside the protocol's.
+
 And in the same interleaved run, a whole solo swarmd peer (`swarmd join`, hivemind's DHT, averagers and p2pd, an
 optimizer step per 1024 samples) with `training.devices: [cpu, cpu]` and with `[cpu]`, 1 thread per rank, on all
 the cores: its 2 ranks against the bare protocol's are what rank 0 pays for hosting hivemind beside its compute.
@@ -86,9 +90,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--neighbour", metavar="STATE_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-store", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.neighbour:
         neighbour_loop(args.neighbour, args.batch_size)
+        return
+    if args.ddp_rank is not None:
+        ddp_rank(args.ddp_rank, args.ddp_store, args.ddp_dir, args.batch_size, args.seconds)
         return
 
     import torch
@@ -156,6 +166,11 @@ def main() -> None:
 
                 return rate(step, args.seconds, [os.getpid(), *group.pids], cpu["2 ranks"])
 
+            stores = iter(range(1000))
+
+            def torch_ddp() -> float:
+                return run_torch_ddp(Path(tmp), Path(tmp) / f"ddp-store-{next(stores)}", cores, args)
+
             peers = iter(range(1000))
 
             def swarmd_peer(devices: list[str]) -> float:
@@ -164,6 +179,7 @@ def main() -> None:
 
             results = interleave({
                 "1 rank": one_rank, "2 ranks": two_ranks, "1 rank, neighbour": one_rank_beside_a_neighbour,
+                "torch DDP 2 ranks": torch_ddp,
                 "swarmd 1 rank": lambda: swarmd_peer(["cpu"]), "swarmd 2 ranks": lambda: swarmd_peer(["cpu", "cpu"]),
             }, args.repeats)
             sync.lead_stop()
@@ -174,6 +190,7 @@ def main() -> None:
     peer_ratios = [two / one for one, two in zip(results["swarmd 1 rank"], results["swarmd 2 ranks"])]
     hosting = [peer / bare for bare, peer in zip(results["2 ranks"], results["swarmd 2 ranks"])]
     protocol = [two / (2 * alone) for alone, two in zip(results["1 rank, neighbour"], results["2 ranks"])]
+    ddp_ratios = [ddp / one for one, ddp in zip(results["1 rank"], results["torch DDP 2 ranks"])]
     print_table(
         f"Ranks inside one peer, micro Swin (0.54M params), batch {args.batch_size} per rank, 1 thread per rank, "
         f"{args.repeats} interleaved repeats of {args.seconds:.0f} s\n{machine()}",
@@ -186,13 +203,16 @@ def main() -> None:
          ["samples per CPU-second, 2 ranks", summary([e for _, e in cpu["2 ranks"]])],
          ["1 rank, an independent loop on core 1", summary(results["1 rank, neighbour"])],
          ["2 ranks / (2 x that): the protocol", summary(protocol)],
+         ["torch DDP, 2 ranks (cores 0, 1)", summary(results["torch DDP 2 ranks"])],
+         ["torch DDP ratio 2/1 (per pair)", summary(ddp_ratios)],
          ["swarmd peer, 1 rank (all cores)", summary(results["swarmd 1 rank"])],
          ["swarmd peer, 2 ranks (all cores)", summary(results["swarmd 2 ranks"])],
          ["swarmd peer ratio 2/1 (per pair)", summary(peer_ratios)],
          ["swarmd peer 2 ranks / bare 2 ranks", summary(hosting)]],
     )
     ratio = statistics.median(results["2 ranks"]) / statistics.median(results["1 rank"])
-    print(f"\nratio of medians: {ratio:.3f} (goal >= 1.8)")
+    ddp = statistics.median(results["torch DDP 2 ranks"]) / statistics.median(results["1 rank"])
+    print(f"\nratio of medians: {ratio:.3f} (goal >= 1.8); torch DDP's: {ddp:.3f}")
 
 
 def run_swarmd_peer(state_dir: Path, data: str, devices: list[str], cores: list[int], args) -> float:
@@ -211,6 +231,65 @@ def run_swarmd_peer(state_dir: Path, data: str, devices: list[str], cores: list[
         if daemon.proc.poll() is None:
             daemon.terminate(timeout=60)
         daemon.close()
+
+
+def run_torch_ddp(workdir: Path, store: Path, cores: list[int], args) -> float:
+    """Samples/s of torch DDP with 2 gloo ranks, each its own process pinned to its own core (rank r to core r, as
+    the protocol's ranks are); they rendezvous on a file store, so no port is taken."""
+    ranks = [
+        subprocess.Popen(
+            ["taskset", "-c", str(cores[rank % len(cores)]), sys.executable, __file__, "--ddp-rank", str(rank),
+             "--ddp-store", str(store), "--ddp-dir", str(workdir), "--batch-size", str(args.batch_size),
+             "--seconds", str(args.seconds)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    if any(rank.returncode != 0 for rank in ranks):
+        raise RuntimeError(f"a torch DDP rank failed: exit codes {[rank.returncode for rank in ranks]}")
+    return float(outputs[0].split()[-1])
+
+
+def ddp_rank(rank: int, store: str, workdir: str, batch_size: int, seconds: float) -> None:
+    """`--ddp-rank R`: one rank of the torch DDP reference; rank 0 prints the pair's samples/s."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        _, task = micro_swin(workdir, batch_size)  # the images are the parent's, drawn before
+        torch.manual_seed(0)
+        model = task.build_model()
+        replica = torch.nn.parallel.DistributedDataParallel(model)
+        batches = iter(task.train_batches(rank + 1))
+
+        def steps(count: int) -> int:
+            for _ in range(count):
+                task.training_step(replica, next(batches)).loss.backward()
+                model.zero_grad(set_to_none=True)
+            return count
+
+        def go_on(value: bool) -> bool:  # rank 0 decides, every 10 steps, for both (they must take the same steps)
+            flag = torch.tensor([int(value)])
+            dist.broadcast(flag, 0)
+            return bool(flag.item())
+
+        started = time.monotonic()
+        while go_on(time.monotonic() - started < WARMUP_SECONDS):
+            steps(10)
+        done, started = 0, time.monotonic()
+        while go_on(time.monotonic() - started < seconds):
+            done += steps(10)
+        if rank == 0:
+            print(f"{2 * batch_size * done / (time.monotonic() - started):.2f}", flush=True)
+    finally:
+        dist.destroy_process_group()
 
 
 def rate(step, seconds: float, pids: list[int], cpu: list) -> float:
