@@ -11,12 +11,19 @@ averaging (`swarm.catch_up_by_averaging`), taking the swarm's parameters again w
 third of the bytes (`swarm.refresh_parameters`, the sync default), and downloading the whole state again
 (hivemind's way).
 
-    python benchmarks/join_time.py [--repeats 3] [--hidden 4900]
+Layouts: `shared` runs all three peers on all the machine's cores, so the joiner's start-up competes with two
+trainers for the cores (2 cores here: three trainers on two). `own-core` pins the two insiders to the first core
+and the joiner to the last, as when the joiner has a machine of its own; the insiders then train at about half the
+rate, so `--own-core-target-batch-size` (default half of the shared one) keeps their epochs about as long.
+
+    python benchmarks/join_time.py [--repeats 3] [--hidden 4900] [--modes "parameters again"] \
+        [--layouts shared own-core]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import tempfile
@@ -24,7 +31,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from common import DaemonProcess, install_testtasks, machine, peer_config, print_table, summary
+from common import DaemonProcess, install_testtasks, machine, peer_config, pinned, print_table, summary
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) ", re.M)
 
@@ -37,10 +44,13 @@ MODES = {
 }
 
 
-def config(hidden: int, features: int, mode: dict) -> dict:
+LAYOUTS = ("shared", "own-core")
+
+
+def config(hidden: int, features: int, mode: dict, target_batch_size: int = 256) -> dict:
     return peer_config(
         task={"name": "faulty", "features": features, "hidden": hidden, "samples": 2048},
-        swarm={"target_batch_size": 256, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0,
+        swarm={"target_batch_size": target_batch_size, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0,
                **mode},
         training={"batch_size": 16, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
@@ -91,20 +101,29 @@ def insiders_loss(status: dict, first: int, last: int) -> tuple[float, float]:
     return statistics.mean(before), max(during)
 
 
-def join_once(root: Path, env: dict, args, index: int, mode: dict) -> dict:
-    cfg = config(args.hidden, args.features, mode)
+def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str = "shared") -> dict:
+    """One join of a third peer; `layout` is "shared" (all peers on all cores) or "own-core" (the insiders on the
+    first core, the joiner alone on the last)."""
+    cores = sorted(os.sched_getaffinity(0))
+    own_core = layout == "own-core"
+    cfg = config(args.hidden, args.features, mode,
+                 args.own_core_target_batch_size if own_core else args.target_batch_size)
+
+    def start(peer: DaemonProcess, core: int) -> DaemonProcess:
+        return pinned(peer, core) if own_core else peer.start()
+
     peers = []
     try:
-        a = DaemonProcess(root / f"a{index}", cfg, env=env, name="a").start()
+        a = start(DaemonProcess(root / f"a{index}", cfg, env=env, name="a"), cores[0])
         peers.append(a)
         extra = a.joining_args()
-        b = DaemonProcess(root / f"b{index}", cfg, env=env, extra_args=extra, name="b").start()
+        b = start(DaemonProcess(root / f"b{index}", cfg, env=env, extra_args=extra, name="b"), cores[0])
         peers.append(b)
         a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 3, 300, "two peers training")
         c = DaemonProcess(root / f"c{index}", cfg, env=env, extra_args=extra, name="c")
         peers.append(c)
         started = time.time()
-        c.start()
+        start(c, cores[-1])
 
         def first_round(status):
             rounds = [r for r in status["recent_averaging"] if r["outcome"] == "success" and r["group_size"] >= 2]
@@ -165,27 +184,43 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--features", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=4900)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=["shared"])
+    parser.add_argument("--target-batch-size", type=int, default=256)
+    parser.add_argument("--own-core-target-batch-size", type=int, default=None,
+                        help="own-core layout's target batch (default: half of --target-batch-size)")
     args = parser.parse_args()
+    if args.own_core_target_batch_size is None:
+        args.own_core_target_batch_size = args.target_batch_size // 2
+    if "own-core" in args.layouts and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--layouts own-core needs two cores or more")
     params = args.features * args.hidden + 2 * args.hidden + 1
-    runs = {mode: [] for mode in MODES}
+    ways = [(mode, layout) for layout in args.layouts for mode in args.modes]
+    names = {way: way[0] if len(args.layouts) == 1 else f"{way[0]}, {way[1]}" for way in ways}
+    runs = {way: [] for way in ways}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         env = install_testtasks(root / "testtasks")
         for index in range(args.repeats):
-            for number, (mode, settings) in enumerate(MODES.items()):
-                runs[mode].append(join_once(root, env, args, len(MODES) * index + number, settings))
-                result = ", ".join(f"{key}={value:.3g}" for key, value in runs[mode][-1].items())
-                print(f"  [{index + 1}/{args.repeats}] {mode}: {result}", flush=True)
+            for number, way in enumerate(ways):
+                mode, layout = way
+                runs[way].append(join_once(root, env, args, len(ways) * index + number, MODES[mode], layout))
+                result = ", ".join(f"{key}={value:.3g}" for key, value in runs[way][-1].items())
+                print(f"  [{index + 1}/{args.repeats}] {names[way]}: {result}", flush=True)
     state_mb = params * 4 * 3 / 1e6  # parameters + Adam's two statistics
+    batches = ", ".join(
+        f"{layout}: target batch {args.own_core_target_batch_size if layout == 'own-core' else args.target_batch_size}"
+        for layout in args.layouts
+    )
     print_table(
         f"Join time of a third peer, {params / 1e6:.1f}M parameters (~{state_mb:.0f} MB of state to download), "
-        f"{args.repeats} joins each way, interleaved\n{machine()}",
-        ["seconds, median [min..max]", *MODES],
-        [[label, *(summary([r[key] for r in runs[mode]]) for mode in MODES)] for label, key in ROWS],
+        f"{args.repeats} joins each way, interleaved ({batches})\n{machine()}",
+        ["seconds, median [min..max]", *names.values()],
+        [[label, *(summary([r[key] for r in runs[way]]) for way in ways)] for label, key in ROWS],
     )
-    for mode in MODES:
-        rate = state_mb / statistics.median(r["transfer"] for r in runs[mode])
-        print(f"transfer rate (median), {mode}: {rate:.0f} MB/s")
+    for way in ways:
+        rate = state_mb / statistics.median(r["transfer"] for r in runs[way])
+        print(f"transfer rate (median), {names[way]}: {rate:.0f} MB/s")
 
 
 if __name__ == "__main__":
