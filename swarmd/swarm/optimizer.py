@@ -271,6 +271,15 @@ class SwarmOptimizer(Optimizer):
     # True while the peer holds the swarm's epoch ahead of its state (catching up by averaging, below and in
     # diloco.py): the worker then neither evaluates nor checkpoints under that epoch, and nobody downloads it.
     catching_up = False
+    # True from a download or refresh that left this sync peer's state short of the swarm's exact one (its
+    # parameters a step stale: upstream's "one epoch behind is close enough"; or the swarm's parameters with the
+    # older optimizer statistics of a refresh) until a state round with others has averaged it: its parameters
+    # drift from the swarm's with every step (5 % of their norm by the next state round in
+    # tests/swarm/test_sync_catch_up.py, 16-17 % for a 20M-parameter joiner: docs/PERFORMANCE.md section 5), and
+    # that round would pull the swarm's toward them by its share. Meanwhile it weighs next to nothing in state
+    # rounds. Its gradients keep their weight (taken at the swarm's parameters, or a step from them, as upstream
+    # allows), and it still serves downloads: refusing could leave a newcomer nobody to download from.
+    inexact_state = False
 
     def __init__(
         self,
@@ -305,6 +314,7 @@ class SwarmOptimizer(Optimizer):
         self.parameter_refreshes_total = 0
         self._refreshes_since_download = 0
         self._rounds_with_others_at_catch_up = 0
+        self._rounds_with_others_at_inexact_state = 0
         with self._shutting_down_on_failure():
             super().__init__(**kwargs)
 
@@ -351,6 +361,8 @@ class SwarmOptimizer(Optimizer):
         loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
         if self.catching_up:
             self._maybe_end_catch_up()
+        if self.inexact_state:
+            self._maybe_end_inexact_state()
         return loss
 
     # --- observation ---------------------------------------------------------------------------------------
@@ -516,13 +528,16 @@ class SwarmOptimizer(Optimizer):
             if self._should_catch_up_by_averaging():
                 self._catch_up_by_averaging()
             else:
-                if not self._download_parameters_again():
+                refreshed = self._download_parameters_again()
+                if not refreshed:
                     self._download_state_bounded(**kwargs)
-                self._set_catching_up(False)  # the swarm's own state
-                if self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch:
+                self.catching_up = False  # the swarm's own state (its weights and sharing: just below)
+                one_behind = self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch
+                if one_behind:
                     # upstream's rule: one epoch behind is close enough (a gradient one step stale)
                     logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
                     self.state_averager.local_epoch = self.tracker.global_epoch
+                self._set_inexact_state(refreshed or one_behind)
             self._start_epoch_afresh()
 
     def _download_parameters_again(self) -> bool:
@@ -606,12 +621,29 @@ class SwarmOptimizer(Optimizer):
         weighs next to nothing in the averages: its gradients, taken at those older parameters, would pull the
         swarm back (measured: docs/PERFORMANCE.md section 5), and its state would too."""
         self.catching_up = catching_up
-        weight = CATCHING_UP_WEIGHT if catching_up else None
-        self.state_averager.round_weight = weight
+        self._apply_round_weights()
+
+    def _set_inexact_state(self, inexact: bool) -> None:
+        if inexact and not self.inexact_state:
+            self._rounds_with_others_at_inexact_state = self.state_averager.rounds_with_others
+        self.inexact_state = inexact
+        self._apply_round_weights()
+
+    def _maybe_end_inexact_state(self) -> None:
+        if self.state_averager.applied_a_round_with_others_since(self._rounds_with_others_at_inexact_state):
+            logger.info("A state round evened this peer's parameters out with the swarm's (epoch %d)", self.local_epoch)
+            self._set_inexact_state(False)
+        elif self.tracker.other_peers == 0:
+            self._set_inexact_state(False)  # alone: its state is the swarm's
+
+    def _apply_round_weights(self) -> None:
+        """This peer's weights in the rounds and whether it serves downloads, from catching_up and inexact_state."""
+        inexact = self.catching_up or self.inexact_state
+        self.state_averager.round_weight = CATCHING_UP_WEIGHT if inexact else None
         if isinstance(self.grad_averager, _AdmittingGradientAverager):
-            self.grad_averager.round_weight = weight
+            self.grad_averager.round_weight = CATCHING_UP_WEIGHT if self.catching_up else None
         if not self.client_mode:
-            self.state_averager.allow_state_sharing = not catching_up
+            self.state_averager.allow_state_sharing = not self.catching_up
 
     def _download_state_bounded(self, **kwargs) -> None:
         """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""

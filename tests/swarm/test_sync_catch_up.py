@@ -45,7 +45,7 @@ def _peer(
 
     config = SwarmdConfig.model_validate(
         {
-            "run_id": "sync-catch-up",
+            "run_id": _run_id(tmp_path),
             "swarm": {
                 "target_batch_size": 2 * BATCH,  # epochs the two peers share once both train
                 "matchmaking_time": 1.0,
@@ -69,6 +69,12 @@ def _peer(
     return task, model, optimizer, log
 
 
+def _run_id(tmp_path) -> str:
+    """One run per test: the tests share a DHT, where a peer of an earlier test may still be listed as serving its
+    state (its records outlive it), or still be shutting down and serve a state of another epoch."""
+    return f"sync-catch-up-{tmp_path.name}"
+
+
 def _plain_hivemind_peer(dht, tmp_path):
     """The swarm peer as plain hivemind.Optimizer, with _peer's settings: it serves no parameters alone."""
     from hivemind import Optimizer
@@ -76,7 +82,7 @@ def _plain_hivemind_peer(dht, tmp_path):
     task = make_probe(_AdamProbe, tmp_path, BATCH)
     model = task.build_model()
     optimizer = Optimizer(
-        dht=dht, run_id="sync-catch-up", target_batch_size=2 * BATCH, batch_size_per_step=BATCH,
+        dht=dht, run_id=_run_id(tmp_path), target_batch_size=2 * BATCH, batch_size_per_step=BATCH,
         optimizer=task.build_optimizer, params=task.parameter_groups(model), matchmaking_time=1.0, averaging_timeout=5.0,
         average_state_every=STATE_EVERY, offload_optimizer=True,
         tracker_opts={"min_refresh_period": 0.1, "default_refresh_period": 0.2}, verbose=False,
@@ -120,12 +126,16 @@ def _outrun_a_download(swarm, make_joiner, seeds):
     for _ in range(4):
         _train_step(swarm, next(seeds))  # alone: two epochs of two steps
     joiner = make_joiner()
-    joiner[2].load_state_from_peers()
-    assert joiner[2].local_epoch == 2 and joiner[2].state_loads_total == 1
-    for _ in range(4):
-        _train_step(swarm, next(seeds))  # "during the download": two more epochs, its rounds find nobody
-    _wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch")
-    _train_step(joiner, next(seeds))  # behind: upstream would download again
+    try:
+        joiner[2].load_state_from_peers()
+        assert joiner[2].local_epoch == 2 and joiner[2].state_loads_total == 1
+        for _ in range(4):
+            _train_step(swarm, next(seeds))  # "during the download": two more epochs, its rounds find nobody
+        _wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch")
+        _train_step(joiner, next(seeds))  # behind: upstream would download again
+    except BaseException:
+        joiner[2].shutdown()  # the caller never gets it to shut down
+        raise
     return joiner
 
 
@@ -183,6 +193,65 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
         # What it served were copies: sending its live tensors to its averager process would have moved their
         # storage into shared memory under its training thread (a SIGSEGV of the serving peer).
         assert _live_state_pointers(swarm[2]) == downloaded["live"], "serving a download moved the live tensors"
+    finally:
+        swarm[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+
+
+def _train_together_until(peers, done, seeds, what: str, timeout: float = 90) -> None:
+    """Both peers train in their own threads (a step of 0.1 s each) until `done()`."""
+    stop = threading.Event()
+    failures = []
+
+    def train(peer):
+        try:
+            while not stop.is_set():
+                _train_step(peer, next(seeds), compute_seconds=0.1)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=train, args=(peer,)) for peer in peers]
+    for thread in threads:
+        thread.start()
+    try:
+        _wait_for(lambda: done() or failures, what, timeout=timeout)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not failures, failures
+
+
+def test_a_refreshed_peer_weighs_next_to_nothing_in_its_next_state_round(dht, tmp_path):
+    """The refresh leaves the joiner the optimizer statistics of its older download, so its parameters drift from
+    the swarm's with every step; the next state round evens them out without pulling the swarm's toward them."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from swarmd.swarm.optimizer import CATCHING_UP_WEIGHT
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, True, catch_up_by_averaging=None, task_class=_AdamProbe)
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        joiner = _outrun_a_download(
+            swarm, lambda: _peer(other_dht, tmp_path, True, None, _AdamProbe, private_key=RSAPrivateKey()), seeds
+        )
+        assert joiner[2].parameter_refreshes_total == 1 and joiner[2].inexact_state
+        assert joiner[2].state_averager.round_weight == CATCHING_UP_WEIGHT
+        assert joiner[2].grad_averager.round_weight is None  # its gradients are taken at the swarm's parameters
+        assert joiner[2].state_averager.allow_state_sharing  # a newcomer may have nobody else to download from
+
+        _train_together_until((swarm, joiner), lambda: not joiner[2].inexact_state, seeds, "the next state round")
+        state_round = joiner[3].last("state")
+        assert state_round.outcome == "success" and state_round.group_size == 2, state_round
+        assert joiner[2].state_averager.round_weight is None
+        joiner_drift = joiner[2].state_averager.last_parameter_drift
+        swarm_drift = swarm[2].state_averager.last_parameter_drift
+        assert joiner_drift > 1e-4, f"the older statistics did not move the joiner's parameters: drift {joiner_drift}"
+        assert swarm_drift < 1e-5, f"the refreshed peer's parameters moved the swarm's: drift {swarm_drift}"
     finally:
         swarm[2].shutdown()
         if joiner is not None:
