@@ -139,6 +139,14 @@ def _outrun_a_download(swarm, make_joiner, seeds):
     return joiner
 
 
+def _close(swarm, joiner, other_dht) -> None:
+    """A test's peers (the joiner may not have been made) and the joiner's DHT."""
+    swarm[2].shutdown()
+    if joiner is not None:
+        joiner[2].shutdown()
+    other_dht.shutdown()
+
+
 def _live_state_pointers(optimizer) -> dict:
     """Where the peer's own state lives: its optimizer's parameters, extra tensors and statistics."""
     averager = optimizer.state_averager
@@ -194,10 +202,7 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
         # storage into shared memory under its training thread (a SIGSEGV of the serving peer).
         assert _live_state_pointers(swarm[2]) == downloaded["live"], "serving a download moved the live tensors"
     finally:
-        swarm[2].shutdown()
-        if joiner is not None:
-            joiner[2].shutdown()
-        other_dht.shutdown()
+        _close(swarm, joiner, other_dht)
 
 
 def _train_together_until(peers, done, seeds, what: str, timeout: float = 90) -> None:
@@ -253,10 +258,7 @@ def test_a_refreshed_peer_weighs_next_to_nothing_in_its_next_state_round(dht, tm
         assert joiner_drift > 1e-4, f"the older statistics did not move the joiner's parameters: drift {joiner_drift}"
         assert swarm_drift < 1e-5, f"the refreshed peer's parameters moved the swarm's: drift {swarm_drift}"
     finally:
-        swarm[2].shutdown()
-        if joiner is not None:
-            joiner[2].shutdown()
-        other_dht.shutdown()
+        _close(swarm, joiner, other_dht)
 
 
 def _joiner_downloads_the_whole_state_again(dht, swarm, make_joiner) -> None:
@@ -268,10 +270,7 @@ def _joiner_downloads_the_whole_state_again(dht, swarm, make_joiner) -> None:
         assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
         assert all(torch.equal(a, b) for a, b in zip(_adam_statistics(joiner[2]), _adam_statistics(swarm[2])))
     finally:
-        swarm[2].shutdown()
-        if joiner is not None:
-            joiner[2].shutdown()
-        other_dht.shutdown()
+        _close(swarm, joiner, other_dht)
 
 
 def test_with_refresh_parameters_off_a_sync_peer_downloads_the_whole_state_again(dht, tmp_path):
@@ -356,7 +355,4 @@ def test_a_sync_peer_the_swarm_outran_during_its_download_catches_up_by_averagin
         assert joiner_drift > 1e-3, joiner_drift
         assert swarm_drift < 1e-5, f"the catching-up peer's state moved the swarm's: drift {swarm_drift}"
     finally:
-        swarm[2].shutdown()
-        if joiner is not None:
-            joiner[2].shutdown()
-        other_dht.shutdown()
+        _close(swarm, joiner, other_dht)
