@@ -183,13 +183,19 @@ def _checkpoint(node, epoch: int = MAX_EPOCHS):
     raise AssertionError(f"{node.name} has no checkpoint of epoch {epoch}: {store.list()}\n{node.tail()}")
 
 
+def _has_checkpoint(node, epoch: int) -> bool:
+    directory = node.state_dir / "checkpoints"
+    return directory.is_dir() and any(p.name.startswith(f"epoch-{epoch:08d}-") for p in directory.iterdir())
+
+
 def _momentum(checkpoint, names_in_optimizer_order) -> dict:
     state = checkpoint.optimizer_state["state"]
     return {name: state[index]["outer_momentum"] for index, name in enumerate(names_in_optimizer_order)}
 
 
 def _outer_lines(node) -> str:
-    keep = ("Outer step", "outer step", "swarm's state", "Took the swarm", "straggler", "slowest")
+    keep = ("Outer step", "outer step", "swarm's state", "Took the swarm", "straggler", "slowest", "behind")
+    keep += ("Saved checkpoint",)
     return "\n".join(f"{node.name}: {line}" for line in node.log.splitlines() if any(k in line for k in keep))
 
 
@@ -237,18 +243,22 @@ def test_a_late_joiner_has_the_swarms_parameters_after_its_first_outer_step(daem
 
 
 def _epoch_after_a_step_of_all(nodes, first_step: int, timeout: float = 90.0) -> int:
-    """The epoch right after the first outer step from `first_step` on that every node took with all the others,
-    once each node is past it (its checkpoint is then written). A round that returns part of the average to one
+    """The epoch right after the first outer step from `first_step` on that every node took with all the others
+    and saved a checkpoint of, once each node is past it. A round that returns part of the average to one
     peer (a chunk timeout on a busy core) has that peer step on its own pseudo-gradient, apart from the others by
     design, until the next step taken together averages the outer state first (docs/DILOCO.md): the parameters
-    right after such a round differ, those after the repair must not."""
+    right after such a round differ, those after the repair must not. A node saves no checkpoint of an epoch whose
+    state is not yet the swarm's (catching up, worker/trainer.py) or that a download skipped: the next step taken
+    together is compared then."""
     deadline = time.monotonic() + timeout
     while True:
         statuses = [node.status() for node in nodes]
         together = [{r["epoch"] for r in outer_rounds(s) if r["group_size"] >= len(nodes)} for s in statuses]
         steps = sorted(step for step in set.intersection(*together) if step >= first_step)
-        if steps and all(s["local_epoch"] > steps[0] + 1 for s in statuses):
-            return steps[0] + 1
+        passed = [step for step in steps if all(s["local_epoch"] > step + 1 for s in statuses)]
+        saved = [step for step in passed if all(_has_checkpoint(node, step + 1) for node in nodes)]
+        if saved:
+            return saved[0] + 1
         assert time.monotonic() < deadline, "no outer step taken by all of them:\n" + "\n".join(
             _outer_lines(node) for node in nodes
         )
