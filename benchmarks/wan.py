@@ -250,6 +250,18 @@ def round_seconds(status: dict) -> Optional[float]:
     return statistics.median(r["duration_seconds"] for r in rounds if r["kind"] == kind)
 
 
+def outer_round_waits(status: dict, since_epoch: int) -> Optional[float]:
+    """Seconds the training of a DiLoCo peer stood still for its outer rounds from `since_epoch` on (among its
+    recent rounds): the wait for slower peers before sending, plus what an overlapped round still made it wait
+    (without overlap: the whole round). None when the peer took no outer round."""
+    rounds = [r for r in status.get("recent_averaging") or [] if r["kind"] == "outer" and r["epoch"] >= since_epoch]
+    if not rounds:
+        return None
+    return sum((r.get("peer_wait_seconds") or 0.0)
+               + (r["waited_seconds"] if r.get("waited_seconds") is not None else r["duration_seconds"])
+               for r in rounds)
+
+
 def round_counts(status: dict) -> tuple[int, int]:
     """(succeeded, failed) averaging rounds of every kind so far."""
     counts = status.get("averaging") or {}
@@ -306,18 +318,23 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
             raise AssertionError(f"{strategy}: no evaluation at epoch {end_epoch} within {budget:.0f} s:\n"
                                  + "\n".join(p.tail(15) for p in peers))
         time.sleep(0.5)
-    rates, epochs_per_min, bytes_per_epoch, ok, failed, rounds = [], [], [], [], [], []
+    rates, epochs_per_min, bytes_per_epoch, ok, failed, rounds, waits = [], [], [], [], [], [], []
     for (t0, s0, b0), (t1, s1, b1) in zip(begin, end):
         epochs = max(s1["local_epoch"] - s0["local_epoch"], 1)
         rates.append((s1["samples_total"] - s0["samples_total"]) / (t1 - t0))
+        waited = outer_round_waits(s1, s0["local_epoch"])
+        waits.append(None if waited is None else waited / (t1 - t0))
         epochs_per_min.append(epochs / (t1 - t0) * 60)
         bytes_per_epoch.append((b1 - b0) / epochs)
         ok.append(round_counts(s1)[0] - round_counts(s0)[0])
         failed.append(round_counts(s1)[1] - round_counts(s0)[1])
         rounds.append(round_seconds(s1))
     known_rounds = [r for r in rounds if r is not None]
+    known_waits = [w for w in waits if w is not None]
     return {
         "rate": statistics.mean(rates),
+        "peer_rates": rates,
+        "wait_share": statistics.mean(known_waits) if known_waits else None,
         "round_s": statistics.median(known_rounds) if known_rounds else None,
         "rounds": f"{min(ok)}/{max(failed)}",
         "epochs_per_min": statistics.mean(epochs_per_min),
@@ -393,6 +410,10 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
         median_rate = statistics.median(rates)
         spread = f" [{min(rates):.0f}..{max(rates):.0f}]" if len(rates) > 1 else ""
         round_values = [r["round_s"] for r in runs if r["round_s"] is not None]
+        wait_values = [r["wait_share"] for r in runs if r.get("wait_share") is not None]
+        # each peer's own rate, in the median run: a pair at the pace of its slower peer shows here
+        median_run = min(runs, key=lambda r: abs(r["rate"] - median_rate))
+        each = "/".join(f"{value:.0f}" for value in median_run.get("peer_rates", []))
         solo = variant.startswith("solo")
         diloco = strategy in DILOCO_STRATEGIES or variant.startswith("solo-diloco")
         own_solo_rate = solo_diloco_rate if diloco else solo_rate
@@ -410,12 +431,14 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
             f"{statistics.median(r['val_loss'] for r in runs):.3f}",
             f"{statistics.median(r['samples'] for r in runs):.0f}",
             f"{statistics.median(r['wall_s'] for r in runs):.0f}",
+            each if len(median_run.get("peer_rates", [])) > 1 else "-",
+            _fmt(100 * statistics.median(wait_values) if wait_values else None, ".1f"),
         ])
     return rows
 
 
 HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "vs own solo", "vs 2 solos", "s/round", "rounds ok/failed", "epochs/min",
-          "MB sent/epoch/peer", "val loss", "samples", "wall s"]
+          "MB sent/epoch/peer", "val loss", "samples", "wall s", "each peer", "waited %"]
 
 
 def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, command: str) -> None:
@@ -433,7 +456,9 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
           "diloco peer's (its inner optimizer steps every batch: what communication costs it); vs 2 solos: over two "
           "lone diloco peers at once, one per core (also takes out what the cores cost each other); s/round: median "
           "successful round (gradient wait, or background parameter round with local updates; diloco: from the "
-          "send to the result); val loss at the end of the budget")
+          "send to the result); each peer: its own samples/s in the median run; waited %: the share of a diloco "
+          "peer's time its training stood still for outer rounds (for slower peers before sending, and for the "
+          "round's result); val loss at the end of the budget")
     for rate in args.rates:
         print(f"fp16 gradient all-reduce on {rate:g} Mbit/s: {round_seconds_estimate(rate):.2f} s per round on the wire "
               f"({MODEL_PARAMETERS * WIRE_BYTES_PER_VALUE / 1e6:.1f} MB sent and received per peer)")

@@ -111,6 +111,14 @@ class SwarmdMetrics:
             buckets=AVERAGING_BUCKETS,
             registry=self.registry,
         )
+        self.peer_wait = Histogram(
+            "swarmd_averaging_peer_wait_seconds",
+            "Seconds the training waited before a diloco round for the slowest peers to near the end of their inner "
+            "steps; a large share of the round's time: this peer is faster than the others.",
+            ["kind"],
+            buckets=AVERAGING_BUCKETS,
+            registry=self.registry,
+        )
         self.step_duration = Histogram(
             "swarmd_step_duration_seconds",
             "Wall time of one local training step: forward, backward and optimizer.step (averaging waits included).",
@@ -125,6 +133,8 @@ class SwarmdMetrics:
             self.averaging_duration.labels(item.kind, item.outcome).observe(item.duration_seconds)
         if item.waited_seconds is not None:
             self.overlapped_wait.labels(item.kind).observe(item.waited_seconds)
+        if item.peer_wait_seconds is not None:
+            self.peer_wait.labels(item.kind).observe(item.peer_wait_seconds)
 
     def observe_steps(self, seconds: Iterable[float]) -> None:
         for value in seconds:

@@ -234,10 +234,15 @@ def _rounds(s: dict[str, Any], now: float):
 
 
 def _round_duration(item: dict[str, Any]) -> str:
-    """The round's wall time; for a round overlapped with the training, also what the training still waited."""
+    """The round's wall time; for a round overlapped with the training, also what the training still waited; for
+    a round this peer waited for slower peers to begin, that wait."""
     text = f"{item.get('duration_seconds', 0.0):.2f} s"
-    waited = item.get("waited_seconds")
-    return text if waited is None else f"{text} (waited {waited:.2f} s)"
+    waits = []
+    if item.get("waited_seconds") is not None:
+        waits.append(f"waited {item['waited_seconds']:.2f} s")
+    if item.get("peer_wait_seconds"):
+        waits.append(f"{item['peer_wait_seconds']:.2f} s for slower peers")
+    return f"{text} ({'; '.join(waits)})" if waits else text
 
 
 def _loss(s: dict[str, Any]):

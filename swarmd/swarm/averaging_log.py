@@ -28,6 +28,8 @@ class AveragingRound:
     error: str = ""
     # for a round that ran behind the training (diloco overlap_steps): how long the training still waited for it
     waited_seconds: Optional[float] = None
+    # for a diloco round: how long the training waited, before it sent, for the slowest peers to catch up
+    peer_wait_seconds: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,13 +62,14 @@ class AveragingLog:
 
     def record(
         self, kind: str, outcome: str, *, group_size: int, duration: float, epoch: int, error: str = "",
-        waited: Optional[float] = None,
+        waited: Optional[float] = None, peer_wait: Optional[float] = None,
     ) -> AveragingRound:
         if kind not in KINDS or outcome not in OUTCOMES:
             raise ValueError(f"unknown averaging round {kind}/{outcome}")
         item = AveragingRound(
             kind, outcome, group_size, round(duration, 4), epoch, time.time(), error[:200],
             waited_seconds=None if waited is None else round(waited, 4),
+            peer_wait_seconds=None if peer_wait is None else round(peer_wait, 4),
         )
         with self._lock:
             self._rounds.append(item)

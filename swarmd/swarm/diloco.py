@@ -332,13 +332,15 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 return None
         self.tracker.publish_now()
         self.tracker.refresh_now()
+        peer_wait = 0.0
         if self._scheduled_round is None:  # a pre-scheduled round's group is formed: waiting would only delay it
-            self._wait_for_stragglers(epoch)
+            peer_wait = self._wait_for_stragglers(epoch)
         if self._swarm_moved_on(epoch):
             self._skip_round(epoch, "the swarm finished this outer step without this peer")
             return None
 
         sent = SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped)
+        sent.peer_wait = peer_wait
         if implausible_average(sent.own, sent.own, 0.0):
             # never send it: take part with weight 0, i.e. step on the others' average (or on nothing)
             logger.error("This peer's own pseudo-gradient is not finite: it contributes nothing to outer step %d", epoch)
@@ -402,14 +404,15 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if outcome == "success":
             overlap = f", sent {self.overlap_steps} inner steps before its end" if sent.overlapped else ""
             logger.info(
-                "Outer step %d: averaged pseudo-gradients with %d peers (%.2f s%s; waited %.2f s for it)",
-                epoch, group_size, duration, overlap, sent.waited,
+                "Outer step %d: averaged pseudo-gradients with %d peers (%.2f s%s; waited %.2f s for it, %.2f s for "
+                "slower peers before sending)",
+                epoch, group_size, duration, overlap, sent.waited, sent.peer_wait,
             )
         else:
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
         self.averaging_log.record(
             "outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why,
-            waited=sent.waited if sent.overlapped and sent.control is not None else None,
+            waited=sent.waited if sent.overlapped and sent.control is not None else None, peer_wait=sent.peer_wait,
         )
         if outcome in ("local", "rejected"):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
@@ -422,22 +425,25 @@ class DiLoCoOptimizer(SwarmOptimizer):
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
 
-    def _wait_for_stragglers(self, epoch: int) -> None:
+    def _wait_for_stragglers(self, epoch: int) -> float:
         """Wait until the slowest peer of this round is within matchmaking_time of its last inner step (it then
-        joins during matchmaking), for at most max_straggler_wait seconds; then go without the rest."""
-        deadline = time.monotonic() + self.max_straggler_wait
+        joins during matchmaking), for at most max_straggler_wait seconds; then go without the rest. Returns the
+        seconds waited: with H inner steps for every peer, a faster peer waits for the slowest every outer step."""
+        began = time.monotonic()
+        deadline = began + self.max_straggler_wait
         while True:
             progress = self.tracker.global_progress
             if self._alone() or progress.epoch > epoch:
-                return
+                break
             eta = progress.eta_next_epoch - get_dht_time()
             if eta <= self.matchmaking_time:
-                return
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 logger.warning("Outer step %d goes without the slowest peers (done in about %.0f s)", epoch, eta)
-                return
+                break
             time.sleep(min(left, 0.25))
+        return time.monotonic() - began
 
     def _outer_state(self) -> tuple[list, list]:
         """The outer parameters and the outer momentum buffers."""

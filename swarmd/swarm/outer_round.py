@@ -124,6 +124,7 @@ class SentRound:
     why: str = ""
     finished: Optional[float] = None  # time.perf_counter() when the round's result came
     waited: float = 0.0  # seconds the peer waited for the result (with overlap: what the overlap did not hide)
+    peer_wait: float = 0.0  # seconds the peer waited before it sent, for the slowest peers to near their send step
 
 
 def gathered_entry(value) -> tuple:

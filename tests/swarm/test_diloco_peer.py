@@ -464,6 +464,50 @@ def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_
         other_dht.shutdown()
 
 
+def test_a_peer_faster_than_the_other_waits_for_it_and_says_how_long(dht, tmp_path):
+    """Every peer takes H inner steps: one that is done first waits, before it sends, until the slowest peer is
+    within matchmaking_time of its H-th step, and the round's record says how long (the operator's view of a
+    swarm paced by its slowest peer)."""
+    import time
+
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    step_seconds = 3.0  # the slow peer's pace: its H - 1 = 2 steps left are 6 s, 5 s beyond matchmaking_time
+    diloco = {"inner_steps": H, "max_straggler_wait": 7.0}
+    # not pre-scheduled: a round whose matchmaking began early waits for the slower peer in matchmaking instead,
+    # which its duration counts
+    swarm = dict(diloco=diloco, prescheduled_averaging=False)
+    peers = [_peer(dht, tmp_path, "diloco-slower", **swarm),
+             _peer(other_dht, tmp_path, "diloco-slower", **swarm, tracker_opts={"private_key": RSAPrivateKey()})]
+
+    def slowly(peer, seeds):
+        for seed in seeds:
+            time.sleep(step_seconds)
+            _train(*peer[:3], [seed])
+
+    try:
+        _train(*peers[0][:3], [0])  # a peer is in the swarm's progress once it has reported a step
+        slowly(peers[1], [100])
+        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+        threads = [threading.Thread(target=_train, args=(*peers[0][:3], range(1, H))),
+                   threading.Thread(target=slowly, args=(peers[1], range(101, 100 + H)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        fast, slow = (peer[3].last("outer") for peer in peers)
+        assert fast.outcome == slow.outcome == "success" and fast.group_size == slow.group_size == 2, (fast, slow)
+        # the fast peer waited until the other was about matchmaking_time from done (about 4 s; the ETA is an
+        # estimate, refreshed as the tracker fetches)
+        assert 1.0 <= fast.peer_wait_seconds <= diloco["max_straggler_wait"], fast
+        assert slow.peer_wait_seconds < 0.5, slow  # the slow peer found the fast one done: it waited for nobody
+    finally:
+        for peer in peers:
+            peer[2].shutdown()
+        other_dht.shutdown()
+
+
 def test_a_peer_the_swarm_outruns_during_its_downloads_catches_up_by_averaging(dht, tmp_path):
     """On a link too slow for the state, every download ends with the swarm further on. After two downloads that
     did, the peer joins the swarm's round with nothing to contribute; the round's state averaging gives it the

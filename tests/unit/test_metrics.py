@@ -101,7 +101,7 @@ def test_scrape_follows_training():
     parts.log.record("gradients", "success", group_size=3, duration=1.5, epoch=3)
     parts.log.record("state", "failed", group_size=1, duration=30.0, epoch=3, error="TimeoutError()")
     parts.log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=4)
-    parts.log.record("outer", "success", group_size=2, duration=11.0, epoch=4, waited=0.5)  # overlapped (diloco)
+    parts.log.record("outer", "success", group_size=2, duration=11.0, epoch=4, waited=0.5, peer_wait=1.5)  # diloco
     parts.optimizer.local_epoch = parts.optimizer.tracker.global_progress.epoch = 4
     parts.checkpoint = CheckpointInfo(epoch=4, time=1_700_000_000.0)
     parts.optimizer.state_averager.last_parameter_drift = 0.02  # measured when a state averaging was applied
@@ -128,6 +128,8 @@ def test_scrape_follows_training():
     assert after[("swarmd_averaging_overlapped_wait_seconds_sum", (("kind", "outer"),))] == 0.5
     assert after[("swarmd_averaging_overlapped_wait_seconds_count", (("kind", "outer"),))] == 1
     assert ("swarmd_averaging_overlapped_wait_seconds_count", (("kind", "gradients"),)) not in after
+    assert after[("swarmd_averaging_peer_wait_seconds_sum", (("kind", "outer"),))] == 1.5
+    assert ("swarmd_averaging_peer_wait_seconds_count", (("kind", "gradients"),)) not in after
     assert after[("swarmd_step_duration_seconds_count", ())] == 3
     assert after[("swarmd_checkpoint_last_success_timestamp_seconds", ())] == 1_700_000_000.0
     parts.deliver()  # drained: the same steps are not observed twice

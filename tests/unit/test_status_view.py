@@ -94,3 +94,12 @@ def test_an_overlapped_round_shows_how_long_the_training_still_waited_for_it():
     frame = text_of(build_view(snapshot), width=140)
     assert "11.20 s (waited 0.00 s)" in frame
     assert "0.42 s" in frame and "0.42 s (waited" not in frame  # a round the training waited for whole
+
+
+def test_a_round_that_waited_for_slower_peers_says_how_long():
+    snapshot = sample_snapshot(time.time())
+    snapshot["recent_averaging"].append({"kind": "outer", "outcome": "success", "group_size": 2,
+                                         "duration_seconds": 6.1, "epoch": 7, "time": time.time(), "error": "",
+                                         "waited_seconds": 0.0, "peer_wait_seconds": 1.25})
+    frame = text_of(build_view(snapshot), width=140)
+    assert "6.10 s (waited 0.00 s; 1.25 s for slower peers)" in frame

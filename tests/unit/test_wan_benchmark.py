@@ -182,9 +182,21 @@ def test_round_seconds_take_the_kind_the_peer_averages_most():
     assert wan.round_counts({"averaging": {"gradients": {"success": 5, "failed": 1}, "state": {"success": 1}}}) == (6, 1)
 
 
-def _run(rate, round_s=None, loss=2.0):
+def _run(rate, round_s=None, loss=2.0, **extra):
     return {"rate": rate, "round_s": round_s, "rounds": "4/0", "epochs_per_min": 6.0, "bytes_per_epoch": 18.2e6,
-            "val_loss": loss, "samples": 12288, "wall_s": 120.0}
+            "val_loss": loss, "samples": 12288, "wall_s": 120.0, **extra}
+
+
+def test_a_diloco_peers_waits_are_its_wait_for_slower_peers_and_for_the_rounds_result():
+    status = {"recent_averaging": [
+        {"kind": "outer", "epoch": 3, "duration_seconds": 6.0, "waited_seconds": 0.5, "peer_wait_seconds": 1.0},
+        {"kind": "outer", "epoch": 4, "duration_seconds": 6.0, "waited_seconds": 0.0, "peer_wait_seconds": 0.25},
+        {"kind": "outer", "epoch": 5, "duration_seconds": 2.0, "waited_seconds": None, "peer_wait_seconds": None},
+        {"kind": "state", "epoch": 5, "duration_seconds": 30.0},
+    ]}
+    # from epoch 4 on: 0.25 s for slower peers, then a round overlapped in full and one not overlapped (2 s)
+    assert wan.outer_round_waits(status, since_epoch=4) == 2.25
+    assert wan.outer_round_waits(status, since_epoch=6) is None
 
 
 def test_the_table_divides_by_the_solo_rate_measured_in_the_same_run():
@@ -218,6 +230,17 @@ def test_with_two_lone_diloco_peers_side_by_side_the_diloco_rows_are_divided_by_
     assert [row[3:6] for row in rows] == [["1.00", "1.00", "-"], ["0.80", "1.00", "1.14"], ["0.70", "0.88", "1.00"],
                                          ["0.67", "0.83", "0.95"], ["0.50", "0.50", "-"]]
     assert wan.parse_args(["--side-by-side"], with_diloco=True).side_by_side
+
+
+def test_a_pair_row_shows_each_peers_rate_and_the_share_of_time_it_waited():
+    results = {"solo": [_run(200.0)], "20/diloco-overlap-8bit": [
+        _run(130.0, 6.0, peer_rates=[140.0, 120.0], wait_share=0.04),
+        _run(100.0, 6.0, peer_rates=[101.0, 99.0], wait_share=0.10),
+        _run(120.0, 6.0, peer_rates=[125.0, 115.0], wait_share=0.02)]}
+    rows = wan.table_rows(results, solo_rate=200.0)
+    assert wan.HEADER[-2:] == ["each peer", "waited %"]
+    assert rows[1][-2:] == ["125/115", "4.0"]  # the median run's peers; the median share
+    assert rows[0][-2:] == ["-", "-"]
 
 
 def test_the_report_says_when_diloco_is_left_out(capsys):
