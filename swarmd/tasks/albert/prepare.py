@@ -145,14 +145,7 @@ def prepare_albert_dataset(
     """Build, tokenize and save the pairs; see the module docstring. Bad input raises ConfigError."""
     import datasets
 
-    output = Path(output).expanduser().absolute()
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"--output: {output} is a file; pass a directory to write the prepared dataset into")
-    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST).is_file():
-        raise ConfigError(
-            f"--output: {output} already holds other files; pass a new or empty directory (or an earlier output "
-            "of swarmd prepare, which is replaced)"
-        )
+    output = _checked_output(output)
     if not 0 <= validation_fraction < 1:
         raise ConfigError(f"--validation-fraction: {validation_fraction} is not in [0, 1)")
     if progress:
@@ -162,11 +155,57 @@ def prepare_albert_dataset(
 
     tok = load_tokenizer(tokenizer)
     documents = _load_documents(list(inputs), dataset_config=dataset_config, text_column=text_column, cache_dir=cache_dir)
-    if "validation" not in documents and validation_fraction > 0:
-        if len(documents["train"]) < 2:
-            raise ConfigError("--input: the text holds a single document; it cannot be split for validation")
-        split = documents["train"].train_test_split(test_size=validation_fraction, seed=seed)
-        documents = datasets.DatasetDict(train=split["train"], validation=split["test"])
+    documents = _with_validation_split(documents, validation_fraction, seed)
+    started = time.time()
+    pairs = _sentence_order_pairs(documents, tok, text_column, max_seq_length, seed, num_proc)
+    cache_files = [f["filename"] for split in pairs.values() for f in split.cache_files]
+    reused = bool(cache_files) and all(os.path.getmtime(path) < started for path in cache_files)
+
+    manifest = dict(
+        format=FORMAT,
+        version=FORMAT_VERSION,
+        max_seq_length=max_seq_length,
+        vocab_size=len(tok),
+        tokenizer=tokenizer,
+        input=list(inputs),
+        dataset_config=dataset_config,
+        seed=seed,
+        splits={name: len(split) for name, split in pairs.items()},
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    written = _write(output, datasets.DatasetDict(pairs), tok, manifest, overwrite=overwrite)
+    return PrepareResult(output=written, splits=manifest["splits"], reused_cache=reused, cache_files=cache_files)
+
+
+def _checked_output(output) -> Path:
+    """The output directory, absolute; a file, or a directory of other things than an earlier output, is refused
+    before any work (an earlier output is replaced)."""
+    output = Path(output).expanduser().absolute()
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output: {output} is a file; pass a directory to write the prepared dataset into")
+    if output.is_dir() and any(output.iterdir()) and not (output / MANIFEST).is_file():
+        raise ConfigError(
+            f"--output: {output} already holds other files; pass a new or empty directory (or an earlier output "
+            "of swarmd prepare, which is replaced)"
+        )
+    return output
+
+
+def _with_validation_split(documents, validation_fraction: float, seed: int):
+    """The documents with a validation split: the input's own, or `validation_fraction` of its training documents."""
+    import datasets
+
+    if "validation" in documents or validation_fraction == 0:
+        return documents
+    if len(documents["train"]) < 2:
+        raise ConfigError("--input: the text holds a single document; it cannot be split for validation")
+    split = documents["train"].train_test_split(test_size=validation_fraction, seed=seed)
+    return datasets.DatasetDict(train=split["train"], validation=split["test"])
+
+
+def _sentence_order_pairs(documents, tok, text_column: str, max_seq_length: int, seed: int, num_proc) -> dict:
+    """Each split's documents mapped to tokenized sentence-order pairs (datasets caches the map by fingerprint)."""
+    import datasets
 
     features = datasets.Features(
         input_ids=datasets.Sequence(datasets.Value("int32")),
@@ -176,7 +215,6 @@ def prepare_albert_dataset(
         sentence_order_label=datasets.Value("int8"),
     )
     builder = _PairBuilder(tok, text_column, max_seq_length, seed)
-    started = time.time()
     pairs = {}
     for name in [n for n in ("train", "validation") if n in documents]:
         source = documents[name]
@@ -196,23 +234,7 @@ def prepare_albert_dataset(
             "--input: no sentence pairs could be built: documents need at least two sentences (separate documents "
             "by blank lines in text files)"
         )
-    cache_files = [f["filename"] for split in pairs.values() for f in split.cache_files]
-    reused = bool(cache_files) and all(os.path.getmtime(path) < started for path in cache_files)
-
-    manifest = dict(
-        format=FORMAT,
-        version=FORMAT_VERSION,
-        max_seq_length=max_seq_length,
-        vocab_size=len(tok),
-        tokenizer=tokenizer,
-        input=list(inputs),
-        dataset_config=dataset_config,
-        seed=seed,
-        splits={name: len(split) for name, split in pairs.items()},
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    )
-    written = _write(output, datasets.DatasetDict(pairs), tok, manifest, overwrite=overwrite)
-    return PrepareResult(output=written, splits=manifest["splits"], reused_cache=reused, cache_files=cache_files)
+    return pairs
 
 
 def _load_documents(inputs: list[str], *, dataset_config, text_column: str, cache_dir):
