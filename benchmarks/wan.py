@@ -67,7 +67,9 @@ STRATEGIES = {
 # diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo);
 # -8bit: and on the wire in 8 bits (blockwise8, swarm/quantization.py) instead of fp16, as INTELLECT-1 sends its
 # pseudo-gradients in int8: half the seconds on a slow link, so the same overlap hides a round twice as long
-DILOCO_STRATEGIES = ["diloco", "diloco-overlap", "diloco-overlap-8bit"]
+# -nice: and hivemind's processes at nice 10 (daemon.background_priority): an overlapped round's CPU work then
+# yields the peer's one core to the inner steps, and the overlap hides the round's longer time
+DILOCO_STRATEGIES = ["diloco", "diloco-overlap", "diloco-overlap-8bit", "diloco-overlap-8bit-nice"]
 DILOCO_8BIT = "blockwise8"
 QUICK = {"rates": [20.0], "epochs": 2, "repeats": 1}
 # turned into SystemExit, so that the finally clause removes the namespaces (SIGINT already raises)
@@ -175,7 +177,7 @@ def swarm_section(strategy: str, args) -> dict:
         if strategy.startswith("diloco-overlap"):
             diloco.update(overlap_steps=args.diloco_overlap_steps, overlap_mixing=args.diloco_overlap_mixing)
         swarm.update(strategy="diloco", diloco=diloco)
-        if strategy.endswith("-8bit"):
+        if "-8bit" in strategy:
             swarm.update(grad_compression=DILOCO_8BIT)
     elif strategy in STRATEGIES:
         swarm.update(STRATEGIES[strategy])
@@ -204,7 +206,8 @@ def config(strategy: str, address: str, port: int, data: str, args, peers: int =
         training={"batch_size": BATCH, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
-        daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0},
+        daemon={"shutdown_timeout": 30.0, "tick_interval": 1.0,
+                "background_priority": "nice" if strategy.endswith("-nice") else "normal"},
     )
 
 

@@ -91,6 +91,17 @@ def test_the_8bit_overlap_row_differs_from_the_overlap_row_only_in_its_wire_form
     SwarmConfig.model_validate(wan.swarm_section("diloco-overlap-8bit", args))
 
 
+def test_the_nice_row_is_the_8bit_row_with_hiveminds_processes_at_a_lower_priority():
+    from swarmd.config.schema import SwarmdConfig
+
+    args = wan.parse_args(["--diloco-inner-steps", "64", "--diloco-overlap-steps", "24"], with_diloco=True)
+    eight_bit, nice = (wan.config(strategy, "198.18.0.1", 31401, "/tmp/data", args)
+                       for strategy in ("diloco-overlap-8bit", "diloco-overlap-8bit-nice"))
+    assert eight_bit["swarm"] == nice["swarm"]
+    assert (eight_bit["daemon"]["background_priority"], nice["daemon"]["background_priority"]) == ("normal", "nice")
+    SwarmdConfig.model_validate(nice)
+
+
 def test_diloco_rows_warm_up_and_decay_over_the_samples_the_sync_rows_do(capsys):
     from swarmd.tasks.optim import OptimConfig
 
