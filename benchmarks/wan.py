@@ -41,7 +41,8 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, interleave, machine, p2pd_bytes, peer_config, print_table,
+    HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, cpu_seconds, interleave, machine, p2pd_bytes, peer_config,
+    print_table,
 )
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
@@ -265,6 +266,18 @@ def outer_round_waits(status: dict, since_epoch: int) -> Optional[float]:
                for r in rounds)
 
 
+def helper_cpu_seconds(peer: DaemonProcess) -> float:
+    """CPU seconds so far of the peer's child processes: hivemind's DHT process, its averagers and p2pd, the work
+    of the swarm that runs beside the training on the peer's one core."""
+    total = 0.0
+    for pid in peer.descendants():
+        try:
+            total += cpu_seconds(f"/proc/{pid}/stat")
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return total
+
+
 def round_counts(status: dict) -> tuple[int, int]:
     """(succeeded, failed) averaging rounds of every kind so far."""
     counts = status.get("averaging") or {}
@@ -300,13 +313,14 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
         lambda s: s["state"] == "training" and (s["local_epoch"] or 0) >= 1 and s["num_peers"] == swarm_size,
         300.0, "every peer in the swarm, past epoch 1",
     )
-    begin = []
+    begin, helpers_begin = [], [helper_cpu_seconds(peer) for peer in peers]
     for index, peer in enumerate(peers):
         status = peer.status()
         begin.append((time.monotonic(), status, sent_bytes(peer, lab.namespace(index))))
     # a generous bound: a round per epoch at the slowest rate, on a shared machine
     budget = 120.0 + end_epoch * (60.0 + 3 * round_seconds_estimate(lab.rate_mbit))
     end: list = [None] * len(peers)
+    helpers_end: list = [0.0] * len(peers)
     deadline = time.monotonic() + budget
     while any(item is None for item in end):
         for index, peer in enumerate(peers):
@@ -317,6 +331,7 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
                 evaluation = status.get("evaluation")
                 if evaluation and evaluation["epoch"] >= end_epoch:
                     end[index] = (time.monotonic(), status, sent_bytes(peer, lab.namespace(index)))
+                    helpers_end[index] = helper_cpu_seconds(peer)
         if time.monotonic() > deadline:
             raise AssertionError(f"{strategy}: no evaluation at epoch {end_epoch} within {budget:.0f} s:\n"
                                  + "\n".join(p.tail(15) for p in peers))
@@ -334,10 +349,12 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
         rounds.append(round_seconds(s1))
     known_rounds = [r for r in rounds if r is not None]
     known_waits = [w for w in waits if w is not None]
+    helpers = [(h1 - h0) / (t1 - t0) for h0, h1, (t0, _, _), (t1, _, _) in zip(helpers_begin, helpers_end, begin, end)]
     return {
         "rate": statistics.mean(rates),
         "peer_rates": rates,
         "wait_share": statistics.mean(known_waits) if known_waits else None,
+        "helper_cores": statistics.mean(helpers),
         "round_s": statistics.median(known_rounds) if known_rounds else None,
         "rounds": f"{min(ok)}/{max(failed)}",
         "epochs_per_min": statistics.mean(epochs_per_min),
@@ -414,6 +431,7 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
         spread = f" [{min(rates):.0f}..{max(rates):.0f}]" if len(rates) > 1 else ""
         round_values = [r["round_s"] for r in runs if r["round_s"] is not None]
         wait_values = [r["wait_share"] for r in runs if r.get("wait_share") is not None]
+        helper_values = [r["helper_cores"] for r in runs if r.get("helper_cores") is not None]
         # each peer's own rate, in the median run: a pair at the pace of its slower peer shows here
         median_run = min(runs, key=lambda r: abs(r["rate"] - median_rate))
         each = "/".join(f"{value:.0f}" for value in median_run.get("peer_rates", []))
@@ -436,12 +454,13 @@ def table_rows(results: dict[str, list[dict]], solo_rate: float) -> list[list[st
             f"{statistics.median(r['wall_s'] for r in runs):.0f}",
             each if len(median_run.get("peer_rates", [])) > 1 else "-",
             _fmt(100 * statistics.median(wait_values) if wait_values else None, ".1f"),
+            _fmt(100 * statistics.median(helper_values) if helper_values else None, ".1f"),
         ])
     return rows
 
 
 HEADER = ["Mbit/s", "strategy", "samples/s/peer", "vs solo", "vs own solo", "vs 2 solos", "s/round", "rounds ok/failed", "epochs/min",
-          "MB sent/epoch/peer", "val loss", "samples", "wall s", "each peer", "waited %"]
+          "MB sent/epoch/peer", "val loss", "samples", "wall s", "each peer", "waited %", "hivemind CPU %"]
 
 
 def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, command: str) -> None:
@@ -461,7 +480,8 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
           "successful round (gradient wait, or background parameter round with local updates; diloco: from the "
           "send to the result); each peer: its own samples/s in the median run; waited %: the share of a diloco "
           "peer's time its training stood still for outer rounds (for slower peers before sending, and for the "
-          "round's result); val loss at the end of the budget")
+          "round's result); hivemind CPU %: the peer's child processes (DHT, averagers, p2pd) in % of a core; "
+          "val loss at the end of the budget")
     for rate in args.rates:
         print(f"fp16 gradient all-reduce on {rate:g} Mbit/s: {round_seconds_estimate(rate):.2f} s per round on the wire "
               f"({MODEL_PARAMETERS * WIRE_BYTES_PER_VALUE / 1e6:.1f} MB sent and received per peer)")

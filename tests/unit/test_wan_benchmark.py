@@ -243,15 +243,15 @@ def test_with_two_lone_diloco_peers_side_by_side_the_diloco_rows_are_divided_by_
     assert wan.parse_args(["--side-by-side"], with_diloco=True).side_by_side
 
 
-def test_a_pair_row_shows_each_peers_rate_and_the_share_of_time_it_waited():
+def test_a_pair_row_shows_each_peers_rate_the_share_of_time_it_waited_and_hiveminds_cpu():
     results = {"solo": [_run(200.0)], "20/diloco-overlap-8bit": [
-        _run(130.0, 6.0, peer_rates=[140.0, 120.0], wait_share=0.04),
-        _run(100.0, 6.0, peer_rates=[101.0, 99.0], wait_share=0.10),
-        _run(120.0, 6.0, peer_rates=[125.0, 115.0], wait_share=0.02)]}
+        _run(130.0, 6.0, peer_rates=[140.0, 120.0], wait_share=0.04, helper_cores=0.06),
+        _run(100.0, 6.0, peer_rates=[101.0, 99.0], wait_share=0.10, helper_cores=0.09),
+        _run(120.0, 6.0, peer_rates=[125.0, 115.0], wait_share=0.02, helper_cores=0.05)]}
     rows = wan.table_rows(results, solo_rate=200.0)
-    assert wan.HEADER[-2:] == ["each peer", "waited %"]
-    assert rows[1][-2:] == ["125/115", "4.0"]  # the median run's peers; the median share
-    assert rows[0][-2:] == ["-", "-"]
+    assert wan.HEADER[-3:] == ["each peer", "waited %", "hivemind CPU %"]
+    assert rows[1][-3:] == ["125/115", "4.0", "6.0"]  # the median run's peers; the median shares
+    assert rows[0][-3:] == ["-", "-", "-"]
 
 
 def test_the_report_says_when_diloco_is_left_out(capsys):
