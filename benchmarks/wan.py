@@ -12,7 +12,10 @@ from the same seed for a fixed sample budget; the table shows, per peer:
   round, or the background parameter round with local updates);
 - averaging rounds that succeeded and failed in that window, global epochs per minute, and MB sent per global
   epoch (p2pd's TCP payload from the kernel's sock_diag counters, read inside the peer's namespace);
-- the validation loss at the end of the sample budget.
+- the validation loss at the end of the sample budget;
+- each peer's own samples/s (a pair held to its slower peer's pace shows here), the share of a DiLoCo peer's time
+  its training stood still for outer rounds (for slower peers before sending, or for a round's result), and the
+  CPU of the peer's child processes (hivemind's DHT process, averagers and p2pd) in % of its core.
 
 Rows: sync (gradient averaging every epoch), dpu (delayed parameter updates), local (local updates, parameters
 averaged every 5 epochs), diloco where this build has it (swarm.strategy), and plain hivemind.Optimizer with its
