@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, cpu_seconds, interleave, machine, p2pd_bytes, peer_config,
-    print_table,
+    print_table, process_name,
 )
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
@@ -269,16 +269,21 @@ def outer_round_waits(status: dict, since_epoch: int) -> Optional[float]:
                for r in rounds)
 
 
-def helper_cpu_seconds(peer: DaemonProcess) -> float:
-    """CPU seconds so far of the peer's child processes: hivemind's DHT process, its averagers and p2pd, the work
-    of the swarm that runs beside the training on the peer's one core."""
-    total = 0.0
-    for pid in peer.descendants():
+def helper_cpu_seconds(peer: DaemonProcess) -> dict[str, float]:
+    """CPU seconds so far of each of the peer's child processes: hivemind's DHT process, its averagers and p2pd, the
+    work of the swarm that runs beside the training on the peer's one core. Python children are named by the order
+    they were forked in ("python 1" is the DHT process, then the averagers)."""
+    seconds, forked = {}, 0
+    for pid in sorted(peer.descendants()):
+        name = process_name(pid)
+        if name == "python":
+            forked += 1
+            name = f"python {forked}"
         try:
-            total += cpu_seconds(f"/proc/{pid}/stat")
+            seconds[name] = seconds.get(name, 0.0) + cpu_seconds(f"/proc/{pid}/stat")
         except (OSError, ValueError):
             continue  # ended meanwhile
-    return total
+    return seconds
 
 
 def round_counts(status: dict) -> tuple[int, int]:
@@ -323,7 +328,7 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
     # a generous bound: a round per epoch at the slowest rate, on a shared machine
     budget = 120.0 + end_epoch * (60.0 + 3 * round_seconds_estimate(lab.rate_mbit))
     end: list = [None] * len(peers)
-    helpers_end: list = [0.0] * len(peers)
+    helpers_end: list = [{} for _ in peers]
     deadline = time.monotonic() + budget
     while any(item is None for item in end):
         for index, peer in enumerate(peers):
@@ -352,12 +357,17 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
         rounds.append(round_seconds(s1))
     known_rounds = [r for r in rounds if r is not None]
     known_waits = [w for w in waits if w is not None]
-    helpers = [(h1 - h0) / (t1 - t0) for h0, h1, (t0, _, _), (t1, _, _) in zip(helpers_begin, helpers_end, begin, end)]
+    # per peer and child process: its share of a core over the peer's window
+    shares = [{name: (h1[name] - h0.get(name, 0.0)) / (t1 - t0) for name in h1}
+              for h0, h1, (t0, _, _), (t1, _, _) in zip(helpers_begin, helpers_end, begin, end)]
+    helpers = [sum(share.values()) for share in shares]
     return {
         "rate": statistics.mean(rates),
         "peer_rates": rates,
         "wait_share": statistics.mean(known_waits) if known_waits else None,
         "helper_cores": statistics.mean(helpers),
+        "helper_cores_by_process": {name: round(statistics.mean(s.get(name, 0.0) for s in shares), 4)
+                                    for name in sorted({n for s in shares for n in s})},
         "round_s": statistics.median(known_rounds) if known_rounds else None,
         "rounds": f"{min(ok)}/{max(failed)}",
         "epochs_per_min": statistics.mean(epochs_per_min),

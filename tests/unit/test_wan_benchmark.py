@@ -285,3 +285,23 @@ def test_the_hivemind_peer_keeps_hiveminds_defaults_or_passes_swarmds_settings()
     assert tuned["averager_opts"] == {"request_timeout": 1.0}
     with pytest.raises(ValueError):
         hivemind_peer.optimizer_options(config, "fast")
+
+
+def test_each_child_process_cpu_is_read_by_name_in_fork_order():
+    import os
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "5"])
+
+    class Peer:
+        @staticmethod
+        def descendants():
+            return [os.getpid(), child.pid]
+
+    try:
+        seconds = wan.helper_cpu_seconds(Peer())
+    finally:
+        child.kill()
+        child.wait()
+    assert set(seconds) == {"python 1", "sleep"}
+    assert seconds["python 1"] > 0 and seconds["sleep"] >= 0
