@@ -68,8 +68,7 @@ class AveragingLog:
             raise ValueError(f"unknown averaging round {kind}/{outcome}")
         item = AveragingRound(
             kind, outcome, group_size, round(duration, 4), epoch, time.time(), error[:200],
-            waited_seconds=None if waited is None else round(waited, 4),
-            peer_wait_seconds=None if peer_wait is None else round(peer_wait, 4),
+            waited_seconds=_seconds(waited), peer_wait_seconds=_seconds(peer_wait),
         )
         with self._lock:
             self._rounds.append(item)
@@ -101,3 +100,7 @@ class AveragingLog:
 
     def counts(self) -> dict[tuple[str, str], int]:
         return self.summary(recent=0).counts
+
+
+def _seconds(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 4)

@@ -339,8 +339,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self._skip_round(epoch, "the swarm finished this outer step without this peer")
             return None
 
-        sent = SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped)
-        sent.peer_wait = peer_wait
+        sent = SentRound(epoch, self._pseudo_gradient(), float(self._round_samples), time.perf_counter(), overlapped,
+                         peer_wait=peer_wait)
         if implausible_average(sent.own, sent.own, 0.0):
             # never send it: take part with weight 0, i.e. step on the others' average (or on nothing)
             logger.error("This peer's own pseudo-gradient is not finite: it contributes nothing to outer step %d", epoch)
