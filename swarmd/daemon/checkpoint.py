@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION", "storage_key", "fsync_path"]
+__all__ = [
+    "CheckpointStore", "Checkpoint", "CheckpointError", "FORMAT_VERSION", "storage_key", "fsync_path", "checkpoint_epoch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,14 @@ _NAME = re.compile(r"^epoch-(\d{8})-(\d{8}T\d{6}(?:\.\d+)?Z)$")
 _MODEL_FILE, _OPTIMIZER_FILE, _META_FILE = "model.safetensors", "optimizer.safetensors", "meta.json"
 _RESUME_FILE = "resume.safetensors"  # optional: absent from checkpoints of older versions
 _GROUP_PREFIX = "param_groups/"  # optimizer.safetensors keys of tensors kept in param groups (not per-parameter state)
+
+
+def checkpoint_epoch(path: Path) -> int:
+    """The epoch a checkpoint folder's name says (its manifest says it too, but reading that means opening it)."""
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint folder's name")
+    return int(match.group(1))
 
 
 class CheckpointError(Exception):

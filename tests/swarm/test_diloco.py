@@ -17,6 +17,7 @@ import time
 import torch
 
 from daemons import peer_config
+from swarmd.daemon.checkpoint import CheckpointStore, checkpoint_epoch
 
 BATCH = 16
 H = 4
@@ -173,19 +174,21 @@ def _trace(path, start: int) -> dict[int, list[float]]:
 
 
 def _checkpoint(node, epoch: int = MAX_EPOCHS):
-    from swarmd.daemon.checkpoint import CheckpointStore
-
-    store = CheckpointStore(node.state_dir / "checkpoints", keep=1000)
+    store = _store(node)
     for path in store.list():
-        checkpoint = store.load(path)
-        if checkpoint.epoch == epoch:
+        if checkpoint_epoch(path) == epoch:
+            checkpoint = store.load(path)
+            assert checkpoint.epoch == epoch, (path, checkpoint.epoch)
             return checkpoint
     raise AssertionError(f"{node.name} has no checkpoint of epoch {epoch}: {store.list()}\n{node.tail()}")
 
 
 def _has_checkpoint(node, epoch: int) -> bool:
-    directory = node.state_dir / "checkpoints"
-    return directory.is_dir() and any(p.name.startswith(f"epoch-{epoch:08d}-") for p in directory.iterdir())
+    return any(checkpoint_epoch(path) == epoch for path in _store(node).list())
+
+
+def _store(node):
+    return CheckpointStore(node.state_dir / "checkpoints", keep=1000)
 
 
 def _momentum(checkpoint, names_in_optimizer_order) -> dict:
@@ -194,8 +197,10 @@ def _momentum(checkpoint, names_in_optimizer_order) -> dict:
 
 
 def _outer_lines(node) -> str:
-    keep = ("Outer step", "outer step", "swarm's state", "Took the swarm", "straggler", "slowest", "behind")
-    keep += ("Saved checkpoint",)
+    keep = (
+        "Outer step", "outer step", "swarm's state", "Took the swarm", "straggler", "slowest", "behind",
+        "Saved checkpoint",
+    )
     return "\n".join(f"{node.name}: {line}" for line in node.log.splitlines() if any(k in line for k in keep))
 
 

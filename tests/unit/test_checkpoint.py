@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from swarmd.daemon import checkpoint as ckpt_module
-from swarmd.daemon.checkpoint import CheckpointError, CheckpointStore
+from swarmd.daemon.checkpoint import CheckpointError, CheckpointStore, checkpoint_epoch
 from swarmd.daemon.restore import load_model_state
 
 
@@ -52,6 +52,15 @@ def test_round_trip_with_tied_weights(tmp_path):
     state = loaded.optimizer_state
     state["state"].pop("local_epoch")
     opt.load_state_dict(state)  # a real optimizer accepts it
+
+
+def test_a_checkpoints_folder_name_says_its_epoch(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    paths = [save(store, torch.nn.Linear(3, 3), epoch) for epoch in (12, 3)]
+    assert [checkpoint_epoch(path) for path in paths] == [12, 3]
+    assert [checkpoint_epoch(path) for path in store.list()] == [12, 3]  # newest first
+    with pytest.raises(ValueError, match="not a checkpoint folder"):
+        checkpoint_epoch(tmp_path / ".partial-00000012-x")
 
 
 def test_keeps_only_the_newest(tmp_path):
