@@ -23,7 +23,7 @@ from swarmd.swarm.children import process_name  # noqa: E402,F401 - re-exported:
 __all__ = [
     "REPO", "DaemonProcess", "peer_config", "interleave", "summary", "print_table", "machine", "measure_rate",
     "install_testtasks", "p2pd_bytes", "pinned", "pinned_pair", "cpu_seconds", "process_name", "HivemindPeer",
-    "HIVEMIND_PROFILES",
+    "HIVEMIND_PROFILES", "child_roles", "SYNC_CHILDREN", "DILOCO_CHILDREN",
 ]
 
 T = TypeVar("T")
@@ -135,6 +135,24 @@ def p2pd_bytes(daemon: DaemonProcess) -> tuple[int, int]:
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# the Python processes a peer forks, in order: hivemind's DHT process, then its optimizer's averagers
+SYNC_CHILDREN = ("DHT process", "state averager", "gradient averager")  # a local-updates peer has no gradient one
+DILOCO_CHILDREN = ("DHT process", "state averager", "outer averager")
+
+
+def child_roles(peer: DaemonProcess, python_roles: tuple[str, ...] = SYNC_CHILDREN) -> dict[int, str]:
+    """pid -> name of each of the peer's descendants: p2pd, torch_shm_manager, ... by their command, each Python
+    child by its place in fork order (`python_roles`; "child N" past them)."""
+    names, children = {}, 0
+    for pid in sorted(peer.descendants()):
+        name = process_name(pid)
+        if name == "python":
+            name = python_roles[children] if children < len(python_roles) else f"child {children}"
+            children += 1
+        names[pid] = name
+    return names
 
 
 def cpu_seconds(stat_path: str) -> float:

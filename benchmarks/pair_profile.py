@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_seconds, machine, pinned_pair, print_table, process_name
+from common import SYNC_CHILDREN, child_roles, cpu_seconds, machine, pinned_pair, print_table
 from swarm_utilization import STRATEGIES, config
 
 VARIANTS = {"paced": "sync", "unpaced": "sync-unpaced", "scheduled": "sync-scheduled"}
@@ -37,19 +37,9 @@ def process_totals(pid: int) -> tuple[float, int]:
     return cpu_seconds(f"/proc/{pid}/stat"), switches
 
 
-PYTHON_CHILDREN = ("DHT process", "state averager", "gradient averager")  # the order a sync peer forks them in
-
-
 def role_names(peer) -> dict[int, str]:
     """pid -> daemon, p2pd, torch_shm_manager or the Python child's role."""
-    names, children = {peer.proc.pid: "daemon"}, 0
-    for pid in sorted(peer.descendants()):
-        name = process_name(pid)
-        if name == "python":
-            name = PYTHON_CHILDREN[children] if children < len(PYTHON_CHILDREN) else f"child {children}"
-            children += 1
-        names[pid] = name
-    return names
+    return {peer.proc.pid: "daemon", **child_roles(peer, SYNC_CHILDREN)}
 
 
 def profile(variant: str, root: Path, args) -> dict:

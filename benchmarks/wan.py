@@ -44,8 +44,8 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    HIVEMIND_PROFILES, DaemonProcess, HivemindPeer, cpu_seconds, interleave, machine, p2pd_bytes, peer_config,
-    print_table, process_name,
+    DILOCO_CHILDREN, HIVEMIND_PROFILES, SYNC_CHILDREN, DaemonProcess, HivemindPeer, child_roles, cpu_seconds,
+    interleave, machine, p2pd_bytes, peer_config, print_table,
 )
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
@@ -258,27 +258,23 @@ def round_seconds(status: dict) -> Optional[float]:
 
 
 def outer_round_waits(status: dict, since_epoch: int) -> Optional[float]:
-    """Seconds the training of a DiLoCo peer stood still for its outer rounds from `since_epoch` on (among its
-    recent rounds): the wait for slower peers before sending, plus what an overlapped round still made it wait
-    (without overlap: the whole round). None when the peer took no outer round."""
+    """Seconds the training of a DiLoCo peer stood still for its outer rounds from `since_epoch` to its epoch now:
+    the wait for slower peers before sending, plus what an overlapped round still made it wait (without overlap: the
+    whole round). None when the peer took no outer round, or when its status no longer lists every one of them (it
+    keeps the newest few; an epoch a download skipped has none): a sum of some would understate the wait."""
     rounds = [r for r in status.get("recent_averaging") or [] if r["kind"] == "outer" and r["epoch"] >= since_epoch]
-    if not rounds:
+    if not rounds or len(rounds) < status["local_epoch"] - since_epoch:
         return None
     return sum((r.get("peer_wait_seconds") or 0.0)
                + (r["waited_seconds"] if r.get("waited_seconds") is not None else r["duration_seconds"])
                for r in rounds)
 
 
-def helper_cpu_seconds(peer: DaemonProcess) -> dict[str, float]:
+def helper_cpu_seconds(peer: DaemonProcess, python_roles: tuple[str, ...]) -> dict[str, float]:
     """CPU seconds so far of each of the peer's child processes: hivemind's DHT process, its averagers and p2pd, the
-    work of the swarm that runs beside the training on the peer's one core. Python children are named by the order
-    they were forked in ("python 1" is the DHT process, then the averagers)."""
-    seconds, forked = {}, 0
-    for pid in sorted(peer.descendants()):
-        name = process_name(pid)
-        if name == "python":
-            forked += 1
-            name = f"python {forked}"
+    work of the swarm that runs beside the training on the peer's one core."""
+    seconds = {}
+    for pid, name in child_roles(peer, python_roles).items():
         try:
             seconds[name] = seconds.get(name, 0.0) + cpu_seconds(f"/proc/{pid}/stat")
         except (OSError, ValueError):
@@ -321,7 +317,8 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
         lambda s: s["state"] == "training" and (s["local_epoch"] or 0) >= 1 and s["num_peers"] == swarm_size,
         300.0, "every peer in the swarm, past epoch 1",
     )
-    begin, helpers_begin = [], [helper_cpu_seconds(peer) for peer in peers]
+    roles = DILOCO_CHILDREN if strategy in DILOCO_STRATEGIES else SYNC_CHILDREN
+    begin, helpers_begin = [], [helper_cpu_seconds(peer, roles) for peer in peers]
     for index, peer in enumerate(peers):
         status = peer.status()
         begin.append((time.monotonic(), status, sent_bytes(peer, lab.namespace(index))))
@@ -339,7 +336,7 @@ def measure(peers: list[DaemonProcess], lab: Lab, strategy: str, args, *, swarm_
                 evaluation = status.get("evaluation")
                 if evaluation and evaluation["epoch"] >= end_epoch:
                     end[index] = (time.monotonic(), status, sent_bytes(peer, lab.namespace(index)))
-                    helpers_end[index] = helper_cpu_seconds(peer)
+                    helpers_end[index] = helper_cpu_seconds(peer, roles)
         if time.monotonic() > deadline:
             raise AssertionError(f"{strategy}: no evaluation at epoch {end_epoch} within {budget:.0f} s:\n"
                                  + "\n".join(p.tail(15) for p in peers))
