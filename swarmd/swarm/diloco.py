@@ -65,6 +65,18 @@ _OUTER_KEYS = ("outer_param", "outer_momentum")  # per-parameter entries state_d
 _DOWNLOADS_BEFORE_CATCHING_UP = 2  # downloads in a row, each overtaken by the swarm, before averaging instead
 
 
+def _outer_sgd(lr: float, momentum: float, nesterov: bool) -> Callable:
+    """The outer optimizer's factory: SGD on the outer parameters. The task's group options (weight decay, ...)
+    belong to the inner optimizer only."""
+
+    def build(groups):
+        return torch.optim.SGD(
+            [{"params": group["params"]} for group in groups], lr=lr, momentum=momentum, nesterov=nesterov
+        )
+
+    return build
+
+
 class DiLoCoOptimizer(SwarmOptimizer):
     _state_averager_type = DiLoCoStateAverager
     # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
@@ -118,19 +130,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._apart_from_swarm = False
         self._downloads_since_outer_step = 0
 
-        def outer_optimizer(groups):
-            # the task's group options (weight decay, ...) belong to the inner optimizer only
-            return torch.optim.SGD(
-                [{"params": group["params"]} for group in groups],
-                lr=outer_lr,
-                momentum=outer_momentum,
-                nesterov=nesterov,
-            )
-
         super().__init__(
             averaging_log=averaging_log,
             prescheduled_averaging=False,
-            optimizer=outer_optimizer,
+            optimizer=_outer_sgd(outer_lr, outer_momentum, nesterov),
             params=param_groups,
             scheduler=None,
             # the tracker's ETA is the slowest peer's time to its send step: the round's all-reduce starts there
@@ -147,16 +150,20 @@ class DiLoCoOptimizer(SwarmOptimizer):
             **kwargs,
         )
         with self._shutting_down_on_failure():
-            self.inner_optimizer = inner_optimizer(param_groups)  # on the model's parameters themselves
-            averager = self.state_averager
-            averager.inner_steps_per_epoch = inner_steps
-            averager.inner_scheduler_factory = inner_scheduler
-            averager.inner_optimizer = self.inner_optimizer
-            averager._update_scheduler()
-
+            self._attach_inner_optimizer(inner_optimizer(param_groups), inner_scheduler)
             self.outer_averager = OuterAverager.beside(
                 self, self._outer_parameters(), grad_compression, **self._grad_averager_opts
             )
+
+    def _attach_inner_optimizer(self, inner_optimizer, inner_scheduler: Optional[Callable]) -> None:
+        """The inner optimizer works on the model's parameters themselves; the state averager holds it with its
+        schedule, counted in inner steps, and serves both to joiners (swarm/diloco_state.py)."""
+        self.inner_optimizer = inner_optimizer
+        averager = self.state_averager
+        averager.inner_steps_per_epoch = self.inner_steps
+        averager.inner_scheduler_factory = inner_scheduler
+        averager.inner_optimizer = inner_optimizer
+        averager._update_scheduler()
 
     # --- what the worker sees ----------------------------------------------------------------------------------
 
