@@ -6,8 +6,10 @@ interleaved:
 - p2pd stream: one hivemind `P2P` to another through a binary stream (the swarm's authenticated, encrypted
   libp2p connection through each side's p2pd), 64 kB writes as hivemind's parts;
 - hivemind state download: `load_state_from_peers` of a `DecentralizedAverager` holding fp32 tensors of that size
-  (what a joiner does), protobuf parts of 64 kB through the same p2pd.
-Each ratio divides by the row above it in the same repeat.
+  (what a plain hivemind joiner does), protobuf parts of 64 kB through the same p2pd;
+- swarmd state download: the same with swarmd's state stream (swarm/state_stream.py): the tensors' raw bytes on
+  one stream, read into shared memory.
+Each ratio divides by the row above (or by the p2pd stream's) in the same repeat.
 
     python benchmarks/state_transfer.py [--megabytes 241] [--repeats 3]
 """
@@ -91,18 +93,25 @@ def p2pd_stream_seconds(size: int) -> float:
     return asyncio.run(run())
 
 
-def state_download_seconds(size: int) -> float:
+def state_download_seconds(size: int, streamed: bool) -> float:
     import torch
     from hivemind import DHT
     from hivemind.averaging import DecentralizedAverager
+
+    from swarmd.swarm.state_stream import DownloadsState
+
+    class StreamingAverager(DownloadsState, DecentralizedAverager):
+        pass
+
+    averager_class = StreamingAverager if streamed else DecentralizedAverager
 
     first = DHT(start=True)
     second = DHT(initial_peers=first.get_visible_maddrs(), start=True)
     values = size // 4 // 8
     tensors = [torch.randn(values) for _ in range(8)]
-    donor = DecentralizedAverager(tensors, first, prefix="state-transfer", target_group_size=2, start=True)
-    joiner = DecentralizedAverager([torch.zeros(values) for _ in range(8)], second, prefix="state-transfer",
-                                   target_group_size=2, start=True)
+    donor = averager_class(tensors, first, prefix="state-transfer", target_group_size=2, start=True)
+    joiner = averager_class([torch.zeros(values) for _ in range(8)], second, prefix="state-transfer",
+                            target_group_size=2, start=True)
     try:
         deadline = time.monotonic() + 60
         while True:  # until the donor's "I have state" declaration is visible to the joiner
@@ -133,22 +142,27 @@ def main(argv=None) -> int:
     variants = {
         "raw TCP": lambda: raw_tcp_seconds(size),
         "p2pd stream": lambda: p2pd_stream_seconds(size),
-        "hivemind state download": lambda: state_download_seconds(size),
+        "hivemind state download": lambda: state_download_seconds(size, streamed=False),
+        "swarmd state download": lambda: state_download_seconds(size, streamed=True),
     }
     results = interleave(variants, args.repeats)
+
+    def ratio(seconds, base) -> str:  # per repeat: this row's seconds over the base row's in the same repeat
+        ratios = [s / b for s, b in zip(seconds, base)]
+        return f"{statistics.median(ratios):.1f}x [{min(ratios):.1f}..{max(ratios):.1f}]"
+
     rows, previous = [], None
     for name, seconds in results.items():
         rates = [size / s / 1e6 for s in seconds]
-        ratio = "-"
-        if previous is not None:  # per repeat: this row's seconds over the row above's
-            ratios = [s / p for s, p in zip(seconds, previous)]
-            ratio = f"{statistics.median(ratios):.1f}x [{min(ratios):.1f}..{max(ratios):.1f}]"
-        rows.append([name, f"{statistics.median(seconds):.3f} [{min(seconds):.3f}..{max(seconds):.3f}]",
-                     f"{statistics.median(rates):.0f}", ratio])
+        rows.append([
+            name, f"{statistics.median(seconds):.3f} [{min(seconds):.3f}..{max(seconds):.3f}]",
+            f"{statistics.median(rates):.0f}", ratio(seconds, previous) if previous else "-",
+            ratio(seconds, results["p2pd stream"]) if name.endswith("download") else "-",
+        ])
         previous = seconds
     print_table(
         f"{size / 1e6:.0f} MB on loopback, {args.repeats} interleaved repeats\n{machine()}",
-        ["path", "seconds median [min..max]", "MB/s", "time vs the row above (per repeat)"],
+        ["path", "seconds median [min..max]", "MB/s", "time vs the row above", "time vs the p2pd stream"],
         rows,
     )
     return 0

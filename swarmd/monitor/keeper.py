@@ -39,11 +39,13 @@ class StateKeeper:
 
         from swarmd.daemon.checkpoint import CheckpointStore
         from swarmd.swarm.optimizer import _UpstreamRpcNames
+        from swarmd.swarm.state_stream import DownloadsState
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
 
-        class _Downloader(_UpstreamRpcNames, DecentralizedAverager):
+        class _Downloader(_UpstreamRpcNames, DownloadsState, DecentralizedAverager):
             _upstream = TrainingStateAverager  # the name the peers' state averagers serve downloads under
+            # (and DownloadsState: by the peers' state stream, swarm/state_stream.py, where they serve it)
 
         self.config, self.timeout = config, timeout
         context = TaskContext(

@@ -20,11 +20,16 @@ from swarmd.swarm.allowlist import installed
 from swarmd.swarm.averager_pace import PacedAverager
 from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
 
-__all__ = ["AdmitsAllowedPeers", "admits"]
+__all__ = ["AdmitsAllowedPeers", "admits", "admits_peer"]
 
 
 def admits(allow_list, context: P2PContext, where: str) -> bool:
-    return allow_list is None or allow_list.admit(context.remote_id.to_base58(), where)
+    return admits_peer(allow_list, context.remote_id, where)
+
+
+def admits_peer(allow_list, peer_id, where: str) -> bool:
+    """`peer_id`: the caller libp2p authenticated (a hivemind PeerID)."""
+    return allow_list is None or allow_list.admit(peer_id.to_base58(), where)
 
 
 class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown):

@@ -14,33 +14,32 @@ next state averaging (every `average_state_every` epochs) evens them out: 5 % of
 in that round (SwarmOptimizer.inexact_state): the round gives it the swarm's parameters without pulling the
 swarm's toward its own.
 
-The protocol: `rpc_download_parameters`, which swarmd peers serve beside hivemind's `rpc_download_state` (the same
-gate of a private swarm, the same refusal while state sharing is off). A peer that does not serve it (plain
-hivemind) answers with an error, and the joiner downloads the whole state as upstream does.
+The protocol: the state stream's `parameters` request (swarm/state_stream.py), or `rpc_download_parameters` from a
+swarmd peer without the stream; both sit beside hivemind's `rpc_download_state` (the same gate of a private swarm,
+the same refusal while state sharing is off). A peer that serves neither (plain hivemind) answers with an error, and
+the joiner downloads the whole state as upstream does.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 from typing import AsyncIterator, Optional
 
-from hivemind.compression import TensorRole, deserialize_torch_tensor
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.compression import TensorRole
+from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
-from hivemind.utils.asyncio import aiter_with_timeout
-from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
-from hivemind.utils.timed_storage import ValueWithExpiration
+from hivemind.utils.streaming import split_for_streaming
 
 from swarmd.swarm.averager_gate import admits
+from swarmd.swarm.state_stream import DownloadsState
 
 __all__ = ["ServesParameters"]
 
 logger = logging.getLogger(__name__)
 
 
-class ServesParameters:
+class ServesParameters(DownloadsState):
     """For hivemind's TrainingStateAverager: serve and download the parameters (and extra tensors) without the
     optimizer's statistics. Sits before TrainingStateAverager in the MRO."""
 
@@ -66,46 +65,10 @@ class ServesParameters:
                 yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
                 metadata = None
 
-    # --- downloading (the averager's process) ----------------------------------------------------------------
+    # --- downloading (the averager's process): by swarm/state_stream.py's stream, or this RPC where a peer lacks it
 
     async def _load_parameters_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
-        """The peers that share their state, by upstream's order (the highest epoch first), until one sends."""
-        chunk_timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
-        try:
-            key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
-            found = await self.dht.get(key, latest=True, return_future=True)
-            priority = {
-                PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties, as upstream
-                for peer_id, info in (found.value if found is not None else {}).items()
-                if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
-            }
-            for peer in sorted(priority, key=priority.get, reverse=True):
-                if peer == self.peer_id:
-                    continue
-                try:
-                    stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-                    stream = await stub.rpc_download_parameters(averaging_pb2.DownloadRequest())
-                    metadata, tensors, parts = None, [], []
-                    async for message in aiter_with_timeout(stream, timeout=chunk_timeout):
-                        if message.metadata:
-                            metadata = self.serializer.loads(message.metadata)
-                        if message.tensor_part.dtype and parts:  # a new tensor starts
-                            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                            parts = []
-                        parts.append(message.tensor_part)
-                    if parts:
-                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                except Exception as e:  # noqa: BLE001 - a plain hivemind peer has no such RPC: ask the next one
-                    logger.info("Peer %s did not send its parameters: %r", peer, e)
-                    continue
-                if metadata:
-                    future.set_result((metadata, tensors))
-                    return
-        except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
-            logger.warning("Could not download the swarm's parameters: %r", e)
-        finally:
-            if not future.done():
-                future.set_result(None)
+        await self._download_from_peers("parameters", future)
 
     # --- applying (the host process) -------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from swarmd.status.snapshot import Identity, build_snapshot
 from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.parameter_refresh import ServesParameters
+from swarmd.swarm.state_stream import DownloadsState
 from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.record_gate import AllowListValidator
@@ -190,6 +191,20 @@ async def collect(generator):
     return [message async for message in generator]
 
 
+class RecordingWriter:
+    def __init__(self):
+        self.data, self.closed = b"", False
+
+    def write(self, data):
+        self.data += bytes(data)
+
+    async def drain(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
 def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path, caplog):
     allow_list = started_list(tmp_path, [])
     averager = types.SimpleNamespace(_allow_list=allow_list)  # what AdmitsAllowedPeers.__init__ takes from install()
@@ -203,7 +218,19 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     # the parameters alone (swarm/parameter_refresh.py) are a state download too; refused before any state is read
     averager.allow_state_sharing = True
     assert asyncio.run(collect(ServesParameters.rpc_download_parameters(averager, None, context))) == []
-    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 3, "reachability": 0}
+    # and so is the state stream (swarm/state_stream.py): closed without a byte, by the id libp2p authenticated
+    averager.request_timeout = 5.0
+
+    async def ask_by_stream(request: bytes) -> RecordingWriter:
+        reader, writer = asyncio.StreamReader(), RecordingWriter()
+        reader.feed_data(request)
+        await DownloadsState._serve_state_stream(averager, types.SimpleNamespace(peer_id=context.remote_id), reader, writer)
+        return writer
+
+    for request in (b"state\n", b"parameters\n"):
+        writer = asyncio.run(ask_by_stream(request))
+        assert writer.closed and writer.data == b""
+    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 5, "reachability": 0}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place
 

@@ -1,0 +1,264 @@
+"""State downloads as raw tensor bytes on one libp2p stream, instead of hivemind's protobuf parts (issue 15).
+
+Why: hivemind sends a state as 64 kB protobuf messages. Each part is copied out of its tensor, wrapped, parsed and
+joined again, and the result is copied once more into shared memory for the host process: a 241 MB state (20M
+parameters with Adam's statistics) took 1.8 s on loopback where the same bytes on the same kind of p2pd stream took
+0.6 s (benchmarks/state_transfer.py, docs/PERFORMANCE.md section 5). Here the serving averager writes each tensor's
+memory as it is, and the downloader reads it into shared memory that the host process then takes as it is.
+
+The protocol, `<averager prefix>::swarmd.StateStream/1`, is a binary stream handler of the averager's process:
+- the downloader writes one line: `state` (the whole state, as hivemind's `rpc_download_state`) or `parameters`
+  (without the optimizer's statistics, as `rpc_download_parameters` of swarm/parameter_refresh.py);
+- the server answers with frames (an 8-byte big-endian length, then that many bytes): first the msgpack of
+  {"metadata": <the averager's serialized metadata>, "tensors": N}, then for each tensor hivemind's
+  `runtime_pb2.Tensor` without its buffer, then the buffer: the tensor's bytes as they are in memory when the state
+  compression is none, the compressed buffer otherwise;
+- a refusal (an outsider of a private swarm, state sharing off, a request it does not know) closes the stream with
+  no frame, as hivemind answers a download it will not serve with no data: the downloader asks the next peer.
+A peer that does not serve the protocol (plain hivemind, an older swarmd) is asked through hivemind's RPC instead,
+so the download works in a mixed swarm; the stream has the same libp2p authentication and encryption as the RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Optional
+
+import torch
+from hivemind.compression import CompressionInfo, NoCompression, TensorRole, deserialize_torch_tensor
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import MPFuture
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.streaming import combine_from_streaming
+from hivemind.utils.timed_storage import ValueWithExpiration
+
+from swarmd.swarm.averager_gate import admits_peer
+
+__all__ = ["DownloadsState", "stream_handler_name", "KINDS"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("state", "parameters")
+WRITE_BYTES = 1 << 20  # one write to p2pd; larger writes measured no faster (PERFORMANCE.md section 5)
+LENGTH_BYTES = 8
+MAX_FRAME_HEADER = 1 << 20  # a tensor's description or the metadata: small; a longer one is a broken peer
+
+
+def stream_handler_name(prefix: str) -> str:
+    return f"{prefix}::swarmd.StateStream/1"
+
+
+class ProtocolUnsupported(Exception):
+    """The peer does not serve the stream: ask it through hivemind's RPC."""
+
+
+class DownloadsState:
+    """For a hivemind averager (DecentralizedAverager and its subclasses): serves its state on the stream and
+    downloads states through it, falling back to hivemind's RPC per peer. Sits before the averager in the MRO."""
+
+    # --- serving (the averager's process) --------------------------------------------------------------------
+
+    async def add_p2p_handlers(self, p2p, wrapper=None, *, namespace=None, balanced=False) -> None:
+        await super().add_p2p_handlers(p2p, wrapper, namespace=namespace, balanced=balanced)
+        if wrapper is None:  # this averager's own handlers (not a wrapper's), which a client-mode averager never adds
+            await p2p.add_binary_stream_handler(stream_handler_name(namespace), self._serve_state_stream)
+
+    async def _serve_state_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        try:
+            request = await asyncio.wait_for(reader.readline(), self.request_timeout)
+            kind = request.strip().decode("ascii", "replace")
+            if kind not in KINDS or not self.allow_state_sharing:
+                return
+            if not admits_peer(getattr(self, "_allow_list", None), stream_info.peer_id, "download_state"):
+                return
+            metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
+            if infos is None:
+                infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
+            chosen = [(t, i) for t, i in zip(tensors, infos) if kind == "state" or i.role != TensorRole.OPTIMIZER]
+            await _write_frame(writer, MSGPackSerializer.dumps(
+                {"metadata": metadata, "tensors": len(chosen)}
+            ))
+            for tensor, info in chosen:
+                description, payload = _encode(tensor, info, self.state_compression)
+                await _write_frame(writer, description.SerializeToString())
+                await _write_frame(writer, payload)
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+            logger.debug("A state stream to %s ended early: %r", stream_info.peer_id, e)
+        except Exception as e:  # noqa: BLE001 - one failed download must not take the averager's process with it
+            logger.warning("Could not serve the state to %s: %r", stream_info.peer_id, e)
+        finally:
+            writer.close()
+
+    # --- downloading (the averager's process) ----------------------------------------------------------------
+
+    async def _load_state_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
+        """Upstream's download of the whole state (the host's `load_state_from_peers` sends here), by stream."""
+        await self._download_from_peers("state", future)
+
+    async def _download_from_peers(self, kind: str, future: MPFuture) -> None:
+        """The peers that share their state, by upstream's order (the highest epoch first), until one sends:
+        sets `future` to (metadata, tensors), or to None when none did."""
+        chunk_timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+        try:
+            for peer in await self._peers_sharing_state():
+                began = time.perf_counter()
+                way = "stream"
+                try:
+                    try:
+                        loaded = await self._download_stream(peer, kind, chunk_timeout)
+                    except ProtocolUnsupported:
+                        way = "hivemind RPC"
+                        loaded = await self._download_rpc(peer, kind, chunk_timeout)
+                except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
+                    logger.info("Peer %s did not send its %s: %r", peer, kind, e)
+                    continue
+                if loaded is None:
+                    logger.debug("Peer %s did not send its %s (refused)", peer, kind)
+                    continue
+                megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
+                seconds = time.perf_counter() - began
+                logger.info("Downloaded the %s of %s by %s: %.1f MB in %.2f s (%.0f MB/s)",
+                            kind, peer, way, megabytes, seconds, megabytes / max(seconds, 1e-9))
+                future.set_result(loaded)
+                return
+        except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
+            logger.warning("Could not download the swarm's %s: %r", kind, e)
+        finally:
+            if not future.done():
+                future.set_result(None)
+
+    async def _peers_sharing_state(self) -> list[PeerID]:
+        key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+        found = await self.dht.get(key, latest=True, return_future=True)
+        priority = {
+            PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties, as upstream
+            for peer_id, info in (found.value if found is not None else {}).items()
+            if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
+        }
+        return [peer for peer in sorted(priority, key=priority.get, reverse=True) if peer != self.peer_id]
+
+    async def _download_stream(self, peer: PeerID, kind: str, chunk_timeout: float):
+        """(metadata, tensors) from `peer` by the stream, None when it refused; ProtocolUnsupported when it does not
+        serve the stream. Each wait for bytes is bounded by `chunk_timeout`."""
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                self._p2p.call_binary_stream_handler(peer, stream_handler_name(self.prefix)), chunk_timeout
+            )
+        except ControlFailure as e:
+            if "protocol" in str(e).lower():  # p2pd's words when the peer does not serve the handler
+                raise ProtocolUnsupported(str(e)) from e
+            raise
+        try:
+            writer.write(kind.encode() + b"\n")
+            await writer.drain()
+            try:
+                head = MSGPackSerializer.loads(await _read_frame(reader, chunk_timeout, MAX_FRAME_HEADER))
+            except asyncio.IncompleteReadError as e:
+                if not e.partial:
+                    return None  # closed without a frame: refused
+                raise
+            tensors = []
+            for _ in range(int(head["tensors"])):
+                description = runtime_pb2.Tensor.FromString(await _read_frame(reader, chunk_timeout, MAX_FRAME_HEADER))
+                tensors.append(await _read_tensor(reader, description, chunk_timeout))
+            return self.serializer.loads(head["metadata"]), tensors
+        finally:
+            writer.close()
+
+    async def _download_rpc(self, peer: PeerID, kind: str, chunk_timeout: float):
+        """(metadata, tensors) from `peer` through hivemind's RPC (its protobuf parts), None when it sent none."""
+        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+        rpc = stub.rpc_download_state if kind == "state" else stub.rpc_download_parameters
+        stream = await rpc(averaging_pb2.DownloadRequest())
+        metadata, tensors, parts = None, [], []
+        async for message in aiter_with_timeout(stream, timeout=chunk_timeout):
+            if message.metadata:
+                metadata = self.serializer.loads(message.metadata)
+            if message.tensor_part.dtype and parts:  # a new tensor starts
+                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                parts = []
+            parts.append(message.tensor_part)
+        if parts:
+            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+        return (metadata, tensors) if metadata else None
+
+
+# --- the wire -------------------------------------------------------------------------------------------------
+
+
+def _encode(tensor: torch.Tensor, info: CompressionInfo, compression) -> tuple[runtime_pb2.Tensor, memoryview]:
+    """A tensor's description (hivemind's Tensor message without the buffer) and its bytes."""
+    if isinstance(compression, NoCompression):  # the memory as it is, not a copy of it (upstream's tobytes)
+        description = runtime_pb2.Tensor(
+            compression=runtime_pb2.CompressionType.NONE, size=tensor.shape,
+            dtype=str(tensor.dtype).replace("torch.", ""), requires_grad=tensor.requires_grad,
+        )
+        return description, _bytes_of(tensor.detach().contiguous())
+    description = compression.compress(tensor, info, allow_inplace=False)
+    payload = memoryview(description.buffer)
+    description.ClearField("buffer")
+    return description, payload
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+async def _write_frame(writer: asyncio.StreamWriter, payload) -> None:
+    payload = memoryview(payload).cast("B")
+    writer.write(len(payload).to_bytes(LENGTH_BYTES, "big"))
+    for start in range(0, len(payload), WRITE_BYTES):
+        writer.write(payload[start:start + WRITE_BYTES])
+        await writer.drain()
+    if not len(payload):
+        await writer.drain()
+
+
+async def _read_length(reader: asyncio.StreamReader, timeout: float) -> int:
+    return int.from_bytes(await asyncio.wait_for(reader.readexactly(LENGTH_BYTES), timeout), "big")
+
+
+async def _read_frame(reader: asyncio.StreamReader, timeout: float, limit: int) -> bytes:
+    length = await _read_length(reader, timeout)
+    if length > limit:
+        raise ValueError(f"a {length}-byte frame where at most {limit} bytes were expected")
+    return await asyncio.wait_for(reader.readexactly(length), timeout)
+
+
+async def _read_into(reader: asyncio.StreamReader, target: memoryview, timeout: float) -> None:
+    """Fill `target` from the stream; at most `timeout` seconds without a byte."""
+    filled, loop = 0, asyncio.get_running_loop()
+    async with asyncio.timeout_at(loop.time() + timeout) as deadline:  # one timer, pushed on with every chunk
+        while filled < len(target):
+            chunk = await reader.read(len(target) - filled)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(target[:filled]), len(target))
+            target[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+            deadline.reschedule(loop.time() + timeout)
+
+
+async def _read_tensor(reader: asyncio.StreamReader, description: runtime_pb2.Tensor, timeout: float) -> torch.Tensor:
+    length = await _read_length(reader, timeout)
+    if description.compression == runtime_pb2.CompressionType.NONE:
+        dtype = getattr(torch, description.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a tensor of unknown dtype {description.dtype!r}")
+        shape = torch.Size(description.size)
+        if length != shape.numel() * dtype.itemsize:
+            raise ValueError(f"{length} bytes for a {dtype} tensor of shape {tuple(shape)}")
+        # in shared memory from the start: the host process takes it through the pipe as it is, without the copy
+        # into shared memory that pickling a private tensor would make
+        tensor = torch.empty(shape, dtype=dtype).share_memory_()
+        await _read_into(reader, _bytes_of(tensor), timeout)
+        return tensor.requires_grad_(description.requires_grad)
+    buffer = bytearray(length)
+    await _read_into(reader, memoryview(buffer), timeout)
+    description.buffer = bytes(buffer)
+    return deserialize_torch_tensor(description)

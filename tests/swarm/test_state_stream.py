@@ -1,0 +1,82 @@
+"""A state download by swarmd's state stream (swarm/state_stream.py), between real averagers on real p2pd daemons:
+the joiner takes the donor's exact tensors and metadata by the stream alone, and from a peer without the stream (plain
+hivemind) by hivemind's RPC."""
+
+import time
+from typing import AsyncIterator
+
+import pytest
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.p2p import P2PContext
+from hivemind.proto import averaging_pb2
+
+from swarmd.swarm.dht_process import ToleratesExitedCallers
+from swarmd.swarm.optimizer import _UpstreamRpcNames
+from swarmd.swarm.state_stream import DownloadsState
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class StreamingAverager(_UpstreamRpcNames, DownloadsState, DecentralizedAverager):
+    _upstream = DecentralizedAverager  # hivemind's RPC names, which a plain peer serves
+    _rpc_handlers = None
+
+
+class StreamOnlyDonor(StreamingAverager):
+    """Serves its state by the stream only: its hivemind RPC answers with no data, as a refusing peer does."""
+
+    async def rpc_download_state(
+        self, request: averaging_pb2.DownloadRequest, context: P2PContext
+    ) -> AsyncIterator[averaging_pb2.DownloadData]:
+        return
+        yield
+
+    def get_current_state(self):
+        metadata, tensors, infos = super().get_current_state()
+        return dict(metadata, served_by="donor"), tensors, infos
+
+
+def donor_state():
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randn(300_000, generator=generator), torch.randn(3, 5, generator=generator),
+            torch.arange(7, dtype=torch.int64), torch.randn(4, generator=generator).to(torch.bfloat16)]
+
+
+@pytest.fixture
+def two_dhts():
+    first = ToleratesExitedCallers(start=True)
+    second = ToleratesExitedCallers(initial_peers=first.get_visible_maddrs(), start=True)
+    yield first, second
+    second.shutdown()
+    first.shutdown()
+
+
+def download_within(joiner, seconds: float):
+    """The joiner's download, asked again until the donor's offer is visible in the DHT (every few seconds)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        loaded = joiner.load_state_from_peers(timeout=30)
+        if loaded is not None:
+            return loaded
+        time.sleep(0.5)
+    raise AssertionError(f"no state downloaded within {seconds} s")
+
+
+@pytest.mark.parametrize("donor_class", [StreamOnlyDonor, DecentralizedAverager], ids=["stream", "plain-hivemind"])
+def test_a_joiner_downloads_the_exact_state_by_stream_or_from_a_plain_peer_by_rpc(two_dhts, donor_class):
+    first, second = two_dhts
+    state = donor_state()
+    donor = donor_class(state, first, prefix="stream-test", target_group_size=2, start=True)
+    joiner = StreamingAverager([torch.zeros_like(t) for t in state], second, prefix="stream-test",
+                               target_group_size=2, start=True)
+    try:
+        metadata, tensors = download_within(joiner, 60)
+        assert [t.dtype for t in tensors] == [t.dtype for t in state]
+        assert all(torch.equal(got, sent) for got, sent in zip(tensors, state))
+        assert "group_key" in metadata  # the donor's own metadata
+        if donor_class is StreamOnlyDonor:  # nothing came by hivemind's RPC: the stream carried it
+            assert metadata["served_by"] == "donor"
+    finally:
+        joiner.shutdown()
+        donor.shutdown()

@@ -1,0 +1,155 @@
+"""The state stream's wire (swarm/state_stream.py), server and downloader joined by an in-memory pipe: what each
+request carries, in which form, and how a broken or refusing peer ends a download."""
+
+import asyncio
+import types
+
+import pytest
+import torch
+from hivemind.compression import CompressionInfo, Float16Compression, NoCompression, TensorRole
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+from hivemind.proto import runtime_pb2
+from hivemind.utils import MSGPackSerializer
+
+from swarmd.swarm.state_stream import LENGTH_BYTES, DownloadsState, ProtocolUnsupported, stream_handler_name
+
+PEER = PeerID.from_base58("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
+
+
+class RecordingWriter:
+    def __init__(self):
+        self.data, self.closed = bytearray(), False
+
+    def write(self, data):
+        self.data += bytes(data)
+
+    async def drain(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def state():
+    """Parameters of several dtypes and shapes (a scalar, an empty one), then two optimizer statistics."""
+    tensors = [torch.randn(5, 3, requires_grad=True), torch.tensor(2.5), torch.zeros(0, 4),
+               torch.arange(6, dtype=torch.int64), torch.randn(7).to(torch.bfloat16), torch.rand(5, 3), torch.rand(5, 3)]
+    roles = [TensorRole.PARAMETER] * 5 + [TensorRole.OPTIMIZER] * 2
+    infos = [CompressionInfo.from_tensor(t, key=i, role=role) for i, (t, role) in enumerate(zip(tensors, roles))]
+    return tensors, infos
+
+
+def server(tensors, infos, compression=NoCompression()):
+    async def current_state():
+        return MSGPackSerializer.dumps({"epoch": 7}), tensors, infos
+
+    return types.SimpleNamespace(request_timeout=5.0, allow_state_sharing=True, _allow_list=None,
+                                 state_compression=compression, _get_current_state_from_host_process=current_state)
+
+
+async def served_bytes(averager, request: bytes) -> bytes:
+    reader, writer = asyncio.StreamReader(), RecordingWriter()
+    reader.feed_data(request)
+    await DownloadsState._serve_state_stream(averager, types.SimpleNamespace(peer_id=PEER), reader, writer)
+    assert writer.closed
+    return bytes(writer.data)
+
+
+def downloader(answer: bytes):
+    """An averager whose p2p 'opens a stream' that answers with `answer`; records what it was asked."""
+    asked = RecordingWriter()
+
+    async def open_stream(peer, name):
+        reader = asyncio.StreamReader()
+        reader.feed_data(answer)
+        reader.feed_eof()
+        downloader.opened = name
+        return None, reader, asked
+
+    averager = types.SimpleNamespace(prefix="run_state_averager", serializer=MSGPackSerializer,
+                                     _p2p=types.SimpleNamespace(call_binary_stream_handler=open_stream))
+    return averager, asked
+
+
+def download(kind: str, answer: bytes):
+    averager, asked = downloader(answer)
+    loaded = asyncio.run(DownloadsState._download_stream(averager, PEER, kind, 5.0))
+    assert bytes(asked.data) == kind.encode() + b"\n" and asked.closed
+    assert downloader.opened == stream_handler_name("run_state_averager")
+    return loaded
+
+
+def round_trip(kind: str, tensors, infos, compression=NoCompression()):
+    return download(kind, asyncio.run(served_bytes(server(tensors, infos, compression), kind.encode() + b"\n")))
+
+
+def test_the_state_arrives_exact_in_shared_memory_with_its_metadata():
+    tensors, infos = state()
+    metadata, received = round_trip("state", tensors, infos)
+    assert metadata == {"epoch": 7}
+    assert [(t.dtype, t.shape, t.requires_grad) for t in received] == [
+        (t.dtype, t.shape, t.requires_grad) for t in tensors]
+    assert all(torch.equal(got, sent.detach()) for got, sent in zip(received, tensors))
+    # the host process takes shared tensors through the pipe without copying them into shared memory again
+    assert all(t.is_shared() for t in received)
+
+
+def test_parameters_leave_the_optimizer_statistics_out():
+    tensors, infos = state()
+    _, received = round_trip("parameters", tensors, infos)
+    assert len(received) == 5
+    assert all(torch.equal(got, sent.detach()) for got, sent in zip(received, tensors[:5]))
+
+
+def test_a_compressed_state_goes_compressed_and_arrives_decoded():
+    tensors = [torch.randn(1000), torch.randn(10, 10)]
+    infos = [CompressionInfo.from_tensor(t, key=i) for i, t in enumerate(tensors)]
+    wire = asyncio.run(served_bytes(server(tensors, infos, Float16Compression()), b"state\n"))
+    assert len(wire) < 1100 * 4 * 0.6  # half the bytes of fp32, and a little for the frames
+    _, received = download("state", wire)
+    assert [t.dtype for t in received] == [torch.float32, torch.float32]
+    assert all(torch.allclose(got, sent, atol=1e-2, rtol=1e-3) for got, sent in zip(received, tensors))
+
+
+def test_a_refusal_or_an_unknown_request_sends_nothing_and_the_downloader_reads_it_as_refused():
+    tensors, infos = state()
+    averager = server(tensors, infos)
+    assert asyncio.run(served_bytes(averager, b"optimizer\n")) == b""
+    averager.allow_state_sharing = False
+    assert asyncio.run(served_bytes(averager, b"state\n")) == b""
+    assert download("state", b"") is None
+
+
+def frame(payload: bytes, length=None) -> bytes:
+    return (len(payload) if length is None else length).to_bytes(LENGTH_BYTES, "big") + payload
+
+
+def test_a_broken_peer_fails_the_download_instead_of_passing_for_a_refusal():
+    tensors, infos = state()
+    wire = asyncio.run(served_bytes(server(tensors, infos), b"state\n"))
+    with pytest.raises(asyncio.IncompleteReadError):  # the stream ends inside a tensor
+        download("state", wire[:-3])
+    with pytest.raises(ValueError, match="frame"):  # a description that would take a gigabyte
+        download("state", frame(MSGPackSerializer.dumps({"metadata": b"", "tensors": 1})) + frame(b"", 1 << 30))
+    description = runtime_pb2.Tensor(compression=runtime_pb2.CompressionType.NONE, size=[4], dtype="float16")
+    head = frame(MSGPackSerializer.dumps({"metadata": MSGPackSerializer.dumps({}), "tensors": 1}))
+    with pytest.raises(ValueError, match="bytes for a torch.float16 tensor"):  # 4 values of fp16 are 8 bytes
+        download("state", head + frame(description.SerializeToString()) + frame(b"\0" * 16))
+    description.dtype = "DataFrame"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        download("state", head + frame(description.SerializeToString()) + frame(b"\0" * 8))
+
+
+def test_a_peer_without_the_stream_is_told_apart_from_a_peer_that_cannot_be_reached():
+    def failing(message):
+        async def open_stream(peer, name):
+            raise ControlFailure(f"Connect failed. msg={message}")
+
+        return types.SimpleNamespace(prefix="p", serializer=MSGPackSerializer,
+                                     _p2p=types.SimpleNamespace(call_binary_stream_handler=open_stream))
+
+    with pytest.raises(ProtocolUnsupported):
+        asyncio.run(DownloadsState._download_stream(failing("protocols not supported"), PEER, "state", 5.0))
+    with pytest.raises(ControlFailure):
+        asyncio.run(DownloadsState._download_stream(failing("failed to dial: no addresses"), PEER, "state", 5.0))
