@@ -14,6 +14,7 @@ from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
 
 from swarmd.swarm.optimizer import _ObservedStateAverager
+from swarmd.swarm.state_stream import shared_copy
 
 __all__ = ["DiLoCoStateAverager"]
 
@@ -92,7 +93,7 @@ class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
         if self.inner_optimizer is not None:
             with torch.no_grad():
                 inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
-                inner_tensors = [tensor.detach().to("cpu", copy=True) for tensor in inner_tensors]  # copies, as above
+                inner_tensors = [shared_copy(tensor) for tensor in inner_tensors]  # copies, as above
             metadata["diloco"] = dict(
                 inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
             )

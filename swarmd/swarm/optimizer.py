@@ -38,6 +38,7 @@ from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
+from swarmd.swarm.state_stream import shared_copy
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implausible_average"]
@@ -124,9 +125,10 @@ class _ObservedStateAverager(_UpstreamRpcNames, ServesParameters, TrainingStateA
         of a CPU tensor is itself), and its host thread sends them to the averager process through a pipe, whose
         pickler (torch.multiprocessing's) moves each storage into shared memory in place: the old memory is freed
         under the training thread that is stepping or reading it, and the serving peer dies of a SIGSEGV
-        (docs/PERFORMANCE.md section 5). A copy costs one more pass over the state per download served."""
+        (docs/PERFORMANCE.md section 5). A copy costs one more pass over the state per download served; made in
+        shared memory, it is the only one (the pipe then passes it by handle)."""
         metadata, tensors, infos = super().get_current_state()
-        return metadata, [tensor.detach().clone() for tensor in tensors], infos
+        return metadata, [shared_copy(tensor) for tensor in tensors], infos
 
     # Counts the ways hivemind writes the model's own parameters, so the data-parallel ranks of this peer
     # (swarmd.ranks) get them again exactly when they changed: averaged state applied, the offloaded optimizer's

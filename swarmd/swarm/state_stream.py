@@ -40,7 +40,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.averager_gate import admits_peer
 
-__all__ = ["DownloadsState", "stream_handler_name", "KINDS"]
+__all__ = ["DownloadsState", "stream_handler_name", "shared_copy", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ MAX_FRAME_HEADER = 1 << 20  # a tensor's description or the metadata: small; a l
 
 def stream_handler_name(prefix: str) -> str:
     return f"{prefix}::swarmd.StateStream/1"
+
+
+def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of `tensor` in shared memory, for the state a peer serves: the pipe to the averager's process
+    passes it by handle, where a private copy would be copied once more into shared memory on the way."""
+    copy = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+    with torch.no_grad():
+        copy.copy_(tensor)
+    return copy
 
 
 class ProtocolUnsupported(Exception):

@@ -12,7 +12,9 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
-from swarmd.swarm.state_stream import LENGTH_BYTES, DownloadsState, ProtocolUnsupported, stream_handler_name
+from swarmd.swarm.state_stream import (
+    LENGTH_BYTES, DownloadsState, ProtocolUnsupported, shared_copy, stream_handler_name,
+)
 
 PEER = PeerID.from_base58("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
 
@@ -153,3 +155,13 @@ def test_a_peer_without_the_stream_is_told_apart_from_a_peer_that_cannot_be_reac
         asyncio.run(DownloadsState._download_stream(failing("protocols not supported"), PEER, "state", 5.0))
     with pytest.raises(ControlFailure):
         asyncio.run(DownloadsState._download_stream(failing("failed to dial: no addresses"), PEER, "state", 5.0))
+
+
+def test_a_served_state_is_a_shared_copy_that_training_cannot_change():
+    live = torch.randn(4, 3, requires_grad=True)
+    copy = shared_copy(live)
+    assert copy.is_shared() and not live.is_shared() and torch.equal(copy, live.detach())
+    with torch.no_grad():
+        live.add_(1.0)  # the training's next step, while the averager's process still streams the copy
+    assert not torch.equal(copy, live.detach())
+    assert shared_copy(torch.arange(3).to(torch.bfloat16)).dtype == torch.bfloat16
