@@ -231,6 +231,9 @@ class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllo
         # every peer's gradient round is triggered by the same event (the swarm's epoch end), so a leader whose round
         # is due need not wait for the stale scheduled time (swarm/averager_pace.py)
         kwargs.setdefault("assemble_when_triggered", True)
+        # its gradient buffers are nothing a joiner can use (see SwarmOptimizer._download_state_bounded): not
+        # offered for download, which also spares the DHT its "download my state" declarations
+        kwargs.setdefault("allow_state_sharing", False)
         super().__init__(*args, **kwargs)
 
     def step(self, weight: Optional[float] = None, *args, **kwargs):
@@ -289,6 +292,7 @@ class SwarmOptimizer(Optimizer):
         averaging_log: AveragingLog,
         load_state_attempts: int = 3,
         refresh_parameters: bool = True,
+        state_stream: bool = True,
         catch_up_by_averaging: bool = False,
         prescheduled_averaging: bool = True,
         guard_gradient_norm_ratio: float = 0.0,
@@ -300,6 +304,7 @@ class SwarmOptimizer(Optimizer):
         self.averaging_log = averaging_log
         self.load_state_attempts = load_state_attempts
         self.refresh_parameters = refresh_parameters
+        self.state_stream = state_stream
         self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
         self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
@@ -391,6 +396,7 @@ class SwarmOptimizer(Optimizer):
         return self._state_averager_type(
             averaging_log=self.averaging_log,
             on_state_loaded=self._count_state_load,
+            download_by_stream=self.state_stream,
             offload_optimizer=self.offload_optimizer,
             custom_gradients=self.offload_optimizer,
             status_loglevel=self.status_loglevel,
@@ -651,9 +657,11 @@ class SwarmOptimizer(Optimizer):
         """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
         for attempt in range(1, self.load_state_attempts + 1):
             try:
+                # Upstream then downloads the gradient averager's "state" too (its gradient buffers: the
+                # parameters' size again), which DecentralizedAverager.load_state_from_peers only returns, and
+                # nobody applies (the accumulators are reset right after): not asked for here, nor served
+                # (_AdmittingGradientAverager).
                 self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
-                if self.grad_averager is not None:
-                    self.grad_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
                 return
             except KeyboardInterrupt:
                 raise
@@ -690,6 +698,7 @@ def shared_optimizer_options(*, dht, config, model, task, averaging_log: Averagi
             swarm.state_averaging_compression, "swarm.state_averaging_compression"
         ),
         load_state_compression=make_compression(swarm.load_state_compression, "swarm.load_state_compression"),
+        state_stream=swarm.state_stream,
         extra_tensors=tuple(task.extra_tensors(model)),
         averager_opts=averager_opts,
         tracker_opts=dict(swarm.tracker_opts),

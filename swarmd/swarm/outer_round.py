@@ -40,6 +40,12 @@ class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
 
     _upstream = DecentralizedAverager
 
+    def __init__(self, *args, **kwargs):
+        # its buffers are this round's pseudo-gradients, nothing a joiner takes (it downloads the state averager's):
+        # not offered for download, which also spares the DHT its periodic "download my state" declarations
+        kwargs.setdefault("allow_state_sharing", False)
+        super().__init__(*args, **kwargs)
+
     @classmethod
     def beside(cls, optimizer, parameters, compression, **averager_opts) -> "OuterAverager":
         """Started with the optimizer's DHT, run id, timeouts and client mode; one fp32 host buffer per parameter."""

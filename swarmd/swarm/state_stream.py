@@ -69,7 +69,12 @@ class ProtocolUnsupported(Exception):
 
 class DownloadsState:
     """For a hivemind averager (DecentralizedAverager and its subclasses): serves its state on the stream and
-    downloads states through it, falling back to hivemind's RPC per peer. Sits before the averager in the MRO."""
+    downloads states through it, falling back to hivemind's RPC per peer. Sits before the averager in the MRO.
+    `download_by_stream=False` (`swarm.state_stream`) downloads by hivemind's RPC only."""
+
+    def __init__(self, *args, download_by_stream: bool = True, **kwargs):
+        self.download_by_stream = download_by_stream  # before upstream's __init__, which may start the process
+        super().__init__(*args, **kwargs)
 
     # --- serving (the averager's process) --------------------------------------------------------------------
 
@@ -117,9 +122,11 @@ class DownloadsState:
         try:
             for peer in await self._peers_sharing_state():
                 began = time.perf_counter()
-                way = "stream"
+                way = "stream" if self.download_by_stream else "hivemind RPC"
                 try:
                     try:
+                        if not self.download_by_stream:
+                            raise ProtocolUnsupported("swarm.state_stream is off")
                         loaded = await self._download_stream(peer, kind, chunk_timeout)
                     except ProtocolUnsupported:
                         way = "hivemind RPC"

@@ -153,6 +153,8 @@ def test_every_averager_waits_next_chunk_timeout_for_a_part(dht, tmp_path, next_
             assert averager.next_chunk_timeout == expected
             assert averager.allreduce_kwargs["sender_timeout"] == expected
             assert averager.allreduce_kwargs["reducer_timeout"] == 2 * expected
+        # only the state averager offers a download: the outer one holds a round's pseudo-gradients, of no use
+        assert optimizer.state_averager.allow_state_sharing and not optimizer.outer_averager.allow_state_sharing
     finally:
         optimizer.shutdown()
 

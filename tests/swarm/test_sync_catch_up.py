@@ -187,9 +187,12 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
                 return loaded
 
             peer[2].state_averager.load_state_from_peers = load_and_keep
+            # upstream also downloads the gradient averager's buffers, and throws them away: not swarmd
+            peer[2].grad_averager.load_state_from_peers = lambda **kwargs: downloaded.setdefault("gradients", kwargs)
             return peer
 
         joiner = _outrun_a_download(swarm, make_joiner, iter(range(10**6)))
+        assert "gradients" not in downloaded and not swarm[2].grad_averager.allow_state_sharing
         assert joiner[2].parameter_refreshes_total == 1, "the joiner did not take the parameters alone"
         assert joiner[2].state_loads_total == 2 and not joiner[2].catching_up
         assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
