@@ -9,7 +9,8 @@ Then: when the joiner held the swarm's parameters, and how the swarm's loss fare
 Joins alternate between three ways a joiner that the swarm outran during its download gets in: catching up by
 averaging (`swarm.catch_up_by_averaging`), taking the swarm's parameters again without the optimizer statistics, a
 third of the bytes (`swarm.refresh_parameters`, the sync default), and downloading the whole state again
-(hivemind's way).
+(hivemind's way); and the sync default once more with the downloads by hivemind's RPC (`swarm.state_stream: false`)
+instead of swarmd's state stream.
 
 Layouts: `shared` runs all three peers on all the machine's cores, so the joiner's start-up competes with two
 trainers for the cores (2 cores here: three trainers on two). `own-core` pins the two insiders to the first core
@@ -41,6 +42,8 @@ MODES = {
     "catch up by averaging": {"catch_up_by_averaging": True},
     "parameters again": {"catch_up_by_averaging": False, "refresh_parameters": True},
     "whole state again": {"catch_up_by_averaging": False, "refresh_parameters": False},
+    # the sync default, downloading by hivemind's RPC (protobuf parts) instead of swarmd's state stream
+    "parameters again, by RPC": {"catch_up_by_averaging": False, "refresh_parameters": True, "state_stream": False},
 }
 
 
