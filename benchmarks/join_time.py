@@ -24,6 +24,7 @@ rate, so `--own-core-target-batch-size` (default half of the shared one) keeps t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -192,6 +193,7 @@ def main() -> None:
     parser.add_argument("--target-batch-size", type=int, default=256)
     parser.add_argument("--own-core-target-batch-size", type=int, default=None,
                         help="own-core layout's target batch (default: half of --target-batch-size)")
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (the peers' logs, states and configs)")
     args = parser.parse_args()
     if args.own_core_target_batch_size is None:
         args.own_core_target_batch_size = args.target_batch_size // 2
@@ -201,7 +203,7 @@ def main() -> None:
     ways = [(mode, layout) for layout in args.layouts for mode in args.modes]
     names = {way: way[0] if len(args.layouts) == 1 else f"{way[0]}, {way[1]}" for way in ways}
     runs = {way: [] for way in ways}
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         env = install_testtasks(root / "testtasks")
         for index in range(args.repeats):
