@@ -68,7 +68,7 @@ class ServesParameters(DownloadsState):
     # --- downloading (the averager's process): by swarm/state_stream.py's stream, or this RPC where a peer lacks it
 
     async def _load_parameters_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
-        await self._download_from_peers("parameters", future)
+        await self._download_from_peers("parameters", future, timeout)
 
     # --- applying (the host process) -------------------------------------------------------------------------
 

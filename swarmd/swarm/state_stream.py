@@ -22,6 +22,7 @@ so the download works in a mixed swarm; the stream has the same libp2p authentic
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -113,24 +114,25 @@ class DownloadsState:
 
     async def _load_state_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
         """Upstream's download of the whole state (the host's `load_state_from_peers` sends here), by stream."""
-        await self._download_from_peers("state", future)
+        await self._download_from_peers("state", future, timeout)
 
-    async def _download_from_peers(self, kind: str, future: MPFuture) -> None:
+    async def _download_from_peers(self, kind: str, future: MPFuture, timeout: Optional[float] = None) -> None:
         """The peers that share their state, by upstream's order (the highest epoch first), until one sends:
-        sets `future` to (metadata, tensors), or to None when none did."""
+        sets `future` to (metadata, tensors), or to None when none did. `timeout`: the download's (the host waits
+        as long), which bounds the wait for a peer's first bytes."""
         chunk_timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
         try:
             for peer in await self._peers_sharing_state():
-                began = time.perf_counter()
+                waits = Waits(first=max(chunk_timeout, timeout or 0.0), chunk=chunk_timeout)
                 way = "stream" if self.download_by_stream else "hivemind RPC"
                 try:
                     try:
                         if not self.download_by_stream:
                             raise ProtocolUnsupported("swarm.state_stream is off")
-                        loaded = await self._download_stream(peer, kind, chunk_timeout)
+                        loaded = await self._download_stream(peer, kind, waits)
                     except ProtocolUnsupported:
                         way = "hivemind RPC"
-                        loaded = await self._download_rpc(peer, kind, chunk_timeout)
+                        loaded = await self._download_rpc(peer, kind, waits)
                 except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
                     logger.info("Peer %s did not send its %s: %r", peer, kind, e)
                     continue
@@ -138,9 +140,11 @@ class DownloadsState:
                     logger.debug("Peer %s did not send its %s (refused)", peer, kind)
                     continue
                 megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
-                seconds = time.perf_counter() - began
-                logger.info("Downloaded the %s of %s by %s: %.1f MB in %.2f s (%.0f MB/s)",
-                            kind, peer, way, megabytes, seconds, megabytes / max(seconds, 1e-9))
+                seconds = time.perf_counter() - waits.began
+                logger.info(
+                    "Downloaded the %s of %s by %s: %.1f MB in %.2f s (%.0f MB/s; its first bytes after %.2f s)",
+                    kind, peer, way, megabytes, seconds, megabytes / max(seconds, 1e-9), waits.first_bytes,
+                )
                 future.set_result(loaded)
                 return
         except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
@@ -159,12 +163,12 @@ class DownloadsState:
         }
         return [peer for peer in sorted(priority, key=priority.get, reverse=True) if peer != self.peer_id]
 
-    async def _download_stream(self, peer: PeerID, kind: str, chunk_timeout: float):
+    async def _download_stream(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` by the stream, None when it refused; ProtocolUnsupported when it does not
-        serve the stream. Each wait for bytes is bounded by `chunk_timeout`."""
+        serve the stream."""
         try:
             _, reader, writer = await asyncio.wait_for(
-                self._p2p.call_binary_stream_handler(peer, stream_handler_name(self.prefix)), chunk_timeout
+                self._p2p.call_binary_stream_handler(peer, stream_handler_name(self.prefix)), waits.chunk
             )
         except ControlFailure as e:
             if "protocol" in str(e).lower():  # p2pd's words when the peer does not serve the handler
@@ -174,26 +178,32 @@ class DownloadsState:
             writer.write(kind.encode() + b"\n")
             await writer.drain()
             try:
-                head = MSGPackSerializer.loads(await _read_frame(reader, chunk_timeout, MAX_FRAME_HEADER))
+                head = MSGPackSerializer.loads(await _read_frame(reader, waits.first, MAX_FRAME_HEADER))
             except asyncio.IncompleteReadError as e:
                 if not e.partial:
                     return None  # closed without a frame: refused
                 raise
+            waits.arrived()
             tensors = []
             for _ in range(int(head["tensors"])):
-                description = runtime_pb2.Tensor.FromString(await _read_frame(reader, chunk_timeout, MAX_FRAME_HEADER))
-                tensors.append(await _read_tensor(reader, description, chunk_timeout))
+                description = runtime_pb2.Tensor.FromString(await _read_frame(reader, waits.chunk, MAX_FRAME_HEADER))
+                tensors.append(await _read_tensor(reader, description, waits.chunk))
             return self.serializer.loads(head["metadata"]), tensors
         finally:
             writer.close()
 
-    async def _download_rpc(self, peer: PeerID, kind: str, chunk_timeout: float):
+    async def _download_rpc(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` through hivemind's RPC (its protobuf parts), None when it sent none."""
         stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
         rpc = stub.rpc_download_state if kind == "state" else stub.rpc_download_parameters
-        stream = await rpc(averaging_pb2.DownloadRequest())
+        stream = (await rpc(averaging_pb2.DownloadRequest())).__aiter__()
+        try:
+            first = await asyncio.wait_for(stream.__anext__(), waits.first)
+        except StopAsyncIteration:
+            return None  # no data: refused
+        waits.arrived()
         metadata, tensors, parts = None, [], []
-        async for message in aiter_with_timeout(stream, timeout=chunk_timeout):
+        async for message in _prepend(first, aiter_with_timeout(stream, timeout=waits.chunk)):
             if message.metadata:
                 metadata = self.serializer.loads(message.metadata)
             if message.tensor_part.dtype and parts:  # a new tensor starts
@@ -203,6 +213,27 @@ class DownloadsState:
         if parts:
             tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
         return (metadata, tensors) if metadata else None
+
+
+@dataclasses.dataclass
+class Waits:
+    """How long a download waits for a peer: for its first bytes (it copies its state first, on cores that its
+    training keeps busy: over 3 s for 241 MB in the join benchmark, where hivemind's next_chunk_timeout gave up on
+    every peer in turn), and for each later chunk (next_chunk_timeout, as hivemind)."""
+
+    first: float
+    chunk: float
+    began: float = dataclasses.field(default_factory=time.perf_counter)
+    first_bytes: float = float("nan")  # seconds from `began`
+
+    def arrived(self) -> None:
+        self.first_bytes = time.perf_counter() - self.began
+
+
+async def _prepend(first, rest):
+    yield first
+    async for item in rest:
+        yield item
 
 
 # --- the wire -------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
 from swarmd.swarm.state_stream import (
-    LENGTH_BYTES, DownloadsState, ProtocolUnsupported, shared_copy, stream_handler_name,
+    LENGTH_BYTES, DownloadsState, ProtocolUnsupported, Waits, shared_copy, stream_handler_name,
 )
 
 PEER = PeerID.from_base58("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
@@ -36,7 +36,8 @@ class RecordingWriter:
 def state():
     """Parameters of several dtypes and shapes (a scalar, an empty one), then two optimizer statistics."""
     tensors = [torch.randn(5, 3, requires_grad=True), torch.tensor(2.5), torch.zeros(0, 4),
-               torch.arange(6, dtype=torch.int64), torch.randn(7).to(torch.bfloat16), torch.rand(5, 3), torch.rand(5, 3)]
+               torch.arange(6, dtype=torch.int64), torch.randn(7).to(torch.bfloat16),
+               torch.rand(5, 3), torch.rand(5, 3)]
     roles = [TensorRole.PARAMETER] * 5 + [TensorRole.OPTIMIZER] * 2
     infos = [CompressionInfo.from_tensor(t, key=i, role=role) for i, (t, role) in enumerate(zip(tensors, roles))]
     return tensors, infos
@@ -76,7 +77,7 @@ def downloader(answer: bytes):
 
 def download(kind: str, answer: bytes):
     averager, asked = downloader(answer)
-    loaded = asyncio.run(DownloadsState._download_stream(averager, PEER, kind, 5.0))
+    loaded = asyncio.run(DownloadsState._download_stream(averager, PEER, kind, Waits(first=5.0, chunk=5.0)))
     assert bytes(asked.data) == kind.encode() + b"\n" and asked.closed
     assert downloader.opened == stream_handler_name("run_state_averager")
     return loaded
@@ -152,9 +153,9 @@ def test_a_peer_without_the_stream_is_told_apart_from_a_peer_that_cannot_be_reac
                                      _p2p=types.SimpleNamespace(call_binary_stream_handler=open_stream))
 
     with pytest.raises(ProtocolUnsupported):
-        asyncio.run(DownloadsState._download_stream(failing("protocols not supported"), PEER, "state", 5.0))
+        asyncio.run(DownloadsState._download_stream(failing("protocols not supported"), PEER, "state", Waits(5.0, 5.0)))
     with pytest.raises(ControlFailure):
-        asyncio.run(DownloadsState._download_stream(failing("failed to dial: no addresses"), PEER, "state", 5.0))
+        asyncio.run(DownloadsState._download_stream(failing("failed to dial: no addresses"), PEER, "state", Waits(5.0, 5.0)))
 
 
 def test_a_served_state_is_a_shared_copy_that_training_cannot_change():
@@ -165,3 +166,69 @@ def test_a_served_state_is_a_shared_copy_that_training_cannot_change():
         live.add_(1.0)  # the training's next step, while the averager's process still streams the copy
     assert not torch.equal(copy, live.detach())
     assert shared_copy(torch.arange(3).to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_peer_may_take_its_time_before_the_first_bytes_but_not_between_chunks():
+    """A serving peer copies its state before it sends a byte (seconds for a large model on a busy core): that wait
+    is the download's own timeout; each later wait is next_chunk_timeout, as hivemind's."""
+    tensors, infos = state()
+    wire = asyncio.run(served_bytes(server(tensors, infos), b"state\n"))
+
+    async def download_fed(waits: Waits, *pieces):
+        """The answer arrives as (delay, bytes) pieces."""
+        reader = asyncio.StreamReader()
+
+        async def feed():
+            for delay, data in pieces:
+                await asyncio.sleep(delay)
+                reader.feed_data(data)
+            reader.feed_eof()
+
+        async def open_stream(peer, name):
+            return None, reader, RecordingWriter()
+
+        averager = types.SimpleNamespace(prefix="p", serializer=MSGPackSerializer,
+                                         _p2p=types.SimpleNamespace(call_binary_stream_handler=open_stream))
+        feeding = asyncio.create_task(feed())
+        try:
+            return await DownloadsState._download_stream(averager, PEER, "state", waits)
+        finally:
+            feeding.cancel()
+
+    waits = Waits(first=1.0, chunk=0.2)
+    _, received = asyncio.run(download_fed(waits, (0.5, wire)))  # the first bytes after 0.5 s: within `first`
+    assert len(received) == len(tensors) and waits.first_bytes >= 0.5
+    with pytest.raises(TimeoutError):  # then 0.5 s without a byte in the middle: more than `chunk`
+        asyncio.run(download_fed(Waits(first=1.0, chunk=0.2), (0.0, wire[:100]), (0.5, wire[100:])))
+
+
+def test_hivemind_rpc_parts_make_the_same_state_and_wait_as_long_for_the_first():
+    from hivemind.compression import serialize_torch_tensor
+    from hivemind.proto import averaging_pb2
+    from hivemind.utils.streaming import split_for_streaming
+
+    tensors = [torch.randn(40_000), torch.arange(5, dtype=torch.int64)]
+    messages = [averaging_pb2.DownloadData(tensor_part=part)
+                for tensor in tensors for part in split_for_streaming(serialize_torch_tensor(tensor))]
+    messages[0].metadata = MSGPackSerializer.dumps({"epoch": 3})
+    assert len(messages) > 3  # several parts for the first tensor
+
+    async def answer(first_delay: float):
+        await asyncio.sleep(first_delay)
+        for message in messages:
+            yield message
+
+    def averager(first_delay: float):
+        async def rpc_download_state(request):
+            return answer(first_delay)
+
+        stub = types.SimpleNamespace(rpc_download_state=rpc_download_state)
+        return types.SimpleNamespace(prefix="p", serializer=MSGPackSerializer, _p2p=None,
+                                     get_stub=lambda p2p, peer, namespace: stub)
+
+    waits = Waits(first=1.0, chunk=0.2)
+    metadata, received = asyncio.run(DownloadsState._download_rpc(averager(0.5), PEER, "state", waits))
+    assert metadata == {"epoch": 3} and waits.first_bytes >= 0.5
+    assert all(torch.equal(got, sent) for got, sent in zip(received, tensors)) and len(received) == 2
+    with pytest.raises(TimeoutError):
+        asyncio.run(DownloadsState._download_rpc(averager(0.5), PEER, "state", Waits(first=0.2, chunk=0.2)))
