@@ -41,12 +41,12 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.averager_gate import admits_peer
 
-__all__ = ["DownloadsState", "stream_handler_name", "shared_copy", "KINDS"]
+__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("state", "parameters")
-WRITE_BYTES = 1 << 20  # one write to p2pd; larger writes measured no faster (PERFORMANCE.md section 5)
+WRITE_BYTES = 1 << 20  # one write to p2pd (64 kB and 1 MB writes measured alike, PERFORMANCE.md section 5)
 LENGTH_BYTES = 8
 MAX_FRAME_HEADER = 1 << 20  # a tensor's description or the metadata: small; a longer one is a broken peer
 
@@ -96,13 +96,14 @@ class DownloadsState:
             if infos is None:
                 infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
             chosen = [(t, i) for t, i in zip(tensors, infos) if kind == "state" or i.role != TensorRole.OPTIMIZER]
-            await _write_frame(writer, MSGPackSerializer.dumps(
-                {"metadata": metadata, "tensors": len(chosen)}
-            ))
+            # a downloader that takes nothing for a chunk's time is let go (with the copies of the state it pins)
+            patience = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+            head = MSGPackSerializer.dumps({"metadata": metadata, "tensors": len(chosen)})
+            await _write_frame(writer, head, patience)
             for tensor, info in chosen:
                 description, payload = _encode(tensor, info, self.state_compression)
-                await _write_frame(writer, description.SerializeToString())
-                await _write_frame(writer, payload)
+                await _write_frame(writer, description.SerializeToString(), patience)
+                await _write_frame(writer, payload, patience)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
             logger.debug("A state stream to %s ended early: %r", stream_info.peer_id, e)
         except Exception as e:  # noqa: BLE001 - one failed download must not take the averager's process with it
@@ -257,14 +258,15 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
-async def _write_frame(writer: asyncio.StreamWriter, payload) -> None:
+async def _write_frame(writer: asyncio.StreamWriter, payload, timeout: float) -> None:
+    """The frame, waiting at most `timeout` for the reader to take each write."""
     payload = memoryview(payload).cast("B")
     writer.write(len(payload).to_bytes(LENGTH_BYTES, "big"))
     for start in range(0, len(payload), WRITE_BYTES):
         writer.write(payload[start:start + WRITE_BYTES])
-        await writer.drain()
+        await asyncio.wait_for(writer.drain(), timeout)
     if not len(payload):
-        await writer.drain()
+        await asyncio.wait_for(writer.drain(), timeout)
 
 
 async def _read_length(reader: asyncio.StreamReader, timeout: float) -> int:

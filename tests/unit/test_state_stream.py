@@ -47,8 +47,10 @@ def server(tensors, infos, compression=NoCompression()):
     async def current_state():
         return MSGPackSerializer.dumps({"epoch": 7}), tensors, infos
 
-    return types.SimpleNamespace(request_timeout=5.0, allow_state_sharing=True, _allow_list=None,
-                                 state_compression=compression, _get_current_state_from_host_process=current_state)
+    return types.SimpleNamespace(
+        request_timeout=5.0, next_chunk_timeout=None, allow_state_sharing=True, _allow_list=None,
+        state_compression=compression, _get_current_state_from_host_process=current_state,
+    )
 
 
 async def served_bytes(averager, request: bytes) -> bytes:
@@ -152,10 +154,13 @@ def test_a_peer_without_the_stream_is_told_apart_from_a_peer_that_cannot_be_reac
         return types.SimpleNamespace(prefix="p", serializer=MSGPackSerializer,
                                      _p2p=types.SimpleNamespace(call_binary_stream_handler=open_stream))
 
+    def download_from(averager):
+        return asyncio.run(DownloadsState._download_stream(averager, PEER, "state", Waits(5.0, 5.0)))
+
     with pytest.raises(ProtocolUnsupported):
-        asyncio.run(DownloadsState._download_stream(failing("protocols not supported"), PEER, "state", Waits(5.0, 5.0)))
+        download_from(failing("protocols not supported"))
     with pytest.raises(ControlFailure):
-        asyncio.run(DownloadsState._download_stream(failing("failed to dial: no addresses"), PEER, "state", Waits(5.0, 5.0)))
+        download_from(failing("failed to dial: no addresses"))
 
 
 def test_a_served_state_is_a_shared_copy_that_training_cannot_change():
@@ -232,3 +237,27 @@ def test_hivemind_rpc_parts_make_the_same_state_and_wait_as_long_for_the_first()
     assert all(torch.equal(got, sent) for got, sent in zip(received, tensors)) and len(received) == 2
     with pytest.raises(TimeoutError):
         asyncio.run(DownloadsState._download_rpc(averager(0.5), PEER, "state", Waits(first=0.2, chunk=0.2)))
+
+
+def test_a_downloader_that_stops_reading_is_let_go():
+    """The server holds a copy of its state while it sends: a downloader that takes nothing for next_chunk_timeout
+    does not pin it for ever."""
+    tensors, infos = state()
+    averager = server(tensors, infos)
+    averager.next_chunk_timeout = 0.2
+
+    class StuckWriter(RecordingWriter):
+        async def drain(self):
+            if len(self.data) > 64:  # took the first frame, then reads no more
+                await asyncio.Event().wait()
+
+    async def serve():
+        reader, writer = asyncio.StreamReader(), StuckWriter()
+        reader.feed_data(b"state\n")
+        began = asyncio.get_running_loop().time()
+        await asyncio.wait_for(DownloadsState._serve_state_stream(
+            averager, types.SimpleNamespace(peer_id=PEER), reader, writer), 5.0)
+        return writer, asyncio.get_running_loop().time() - began
+
+    writer, seconds = asyncio.run(serve())
+    assert writer.closed and 0.2 <= seconds < 2.0
