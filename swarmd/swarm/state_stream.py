@@ -92,7 +92,9 @@ class DownloadsState:
                 return
             if not admits_peer(getattr(self, "_allow_list", None), stream_info.peer_id, "download_state"):
                 return
+            began = time.perf_counter()
             metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
+            prepared = time.perf_counter() - began
             if infos is None:
                 infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
             chosen = [(t, i) for t, i in zip(tensors, infos) if kind == "state" or i.role != TensorRole.OPTIMIZER]
@@ -104,6 +106,8 @@ class DownloadsState:
                 description, payload = _encode(tensor, info, self.state_compression)
                 await _write_frame(writer, description.SerializeToString(), patience)
                 await _write_frame(writer, payload, patience)
+            logger.info("Sent the %s to %s: %d tensors in %.2f s (the host's copy of it took %.2f s)",
+                        kind, stream_info.peer_id, len(chosen), time.perf_counter() - began, prepared)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
             logger.debug("A state stream to %s ended early: %r", stream_info.peer_id, e)
         except Exception as e:  # noqa: BLE001 - one failed download must not take the averager's process with it
