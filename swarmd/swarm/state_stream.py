@@ -84,6 +84,12 @@ class DownloadsState:
         if wrapper is None:  # this averager's own handlers (not a wrapper's), which a client-mode averager never adds
             await p2p.add_binary_stream_handler(stream_handler_name(namespace), self._serve_state_stream)
 
+    async def remove_p2p_handlers(self, p2p, *, namespace=None) -> None:
+        # at the averager's shutdown, as upstream removes its RPC handlers: p2pd keeps a handler until told, and
+        # refuses to set one twice (a later averager of the same prefix on this DHT would fail to start)
+        await super().remove_p2p_handlers(p2p, namespace=namespace)
+        await p2p.remove_binary_stream_handler(stream_handler_name(namespace))
+
     async def _serve_state_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:
             request = await asyncio.wait_for(reader.readline(), self.request_timeout)

@@ -80,3 +80,20 @@ def test_a_joiner_downloads_the_exact_state_by_stream_or_from_a_plain_peer_by_rp
     finally:
         joiner.shutdown()
         donor.shutdown()
+
+
+def test_an_averager_shut_down_leaves_the_stream_free_for_the_next_of_its_prefix(two_dhts):
+    """p2pd refuses a second handler of one name: a peer that rebuilds its optimizer on the same DHT (a test, a
+    restarted worker) would fail to start its state averager, had the first not removed its handler."""
+    first, second = two_dhts
+    state = donor_state()
+    StreamOnlyDonor(state, first, prefix="stream-again", target_group_size=2, start=True).shutdown()
+    donor = StreamOnlyDonor(state, first, prefix="stream-again", target_group_size=2, start=True)
+    joiner = StreamingAverager([torch.zeros_like(t) for t in state], second, prefix="stream-again",
+                               target_group_size=2, start=True)
+    try:
+        metadata, tensors = download_within(joiner, 60)
+        assert metadata["served_by"] == "donor" and all(torch.equal(a, b) for a, b in zip(tensors, state))
+    finally:
+        joiner.shutdown()
+        donor.shutdown()
