@@ -15,6 +15,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from prometheus_client import generate_latest
 
 from daemons import run_cli
+from fake_streams import RecordingWriter
 from swarmd.config import load_config
 from swarmd.config.peer_list import AllowListError, check_peer_id, parse_peer_list, read_allowed_peers
 from swarmd.errors import ConfigError, ExitCode
@@ -191,20 +192,6 @@ async def collect(generator):
     return [message async for message in generator]
 
 
-class RecordingWriter:
-    def __init__(self):
-        self.data, self.closed = b"", False
-
-    def write(self, data):
-        self.data += bytes(data)
-
-    async def drain(self):
-        pass
-
-    def close(self):
-        self.closed = True
-
-
 def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path, caplog):
     allow_list = started_list(tmp_path, [])
     averager = types.SimpleNamespace(_allow_list=allow_list)  # what AdmitsAllowedPeers.__init__ takes from install()
@@ -229,7 +216,7 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
 
     for request in (b"state\n", b"parameters\n"):
         writer = asyncio.run(ask_by_stream(request))
-        assert writer.closed and writer.data == b""
+        assert writer.closed and not writer.data
     assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 5, "reachability": 0}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place

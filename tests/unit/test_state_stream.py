@@ -12,25 +12,12 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
+from fake_streams import RecordingWriter
 from swarmd.swarm.state_stream import (
     LENGTH_BYTES, DownloadsState, ProtocolUnsupported, Waits, shared_copy, stream_handler_name,
 )
 
 PEER = PeerID.from_base58("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
-
-
-class RecordingWriter:
-    def __init__(self):
-        self.data, self.closed = bytearray(), False
-
-    def write(self, data):
-        self.data += bytes(data)
-
-    async def drain(self):
-        pass
-
-    def close(self):
-        self.closed = True
 
 
 def state():
