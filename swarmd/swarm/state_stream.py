@@ -135,15 +135,8 @@ class DownloadsState:
         try:
             for peer in await self._peers_sharing_state():
                 waits = Waits(first=max(chunk_timeout, timeout or 0.0), chunk=chunk_timeout)
-                way = "stream" if self.download_by_stream else "hivemind RPC"
                 try:
-                    try:
-                        if not self.download_by_stream:
-                            raise ProtocolUnsupported("swarm.state_stream is off")
-                        loaded = await self._download_stream(peer, kind, waits)
-                    except ProtocolUnsupported:
-                        way = "hivemind RPC"
-                        loaded = await self._download_rpc(peer, kind, waits)
+                    loaded, way = await self._download_from(peer, kind, waits)
                 except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
                     logger.info("Peer %s did not send its %s: %r", peer, kind, e)
                     continue
@@ -163,6 +156,16 @@ class DownloadsState:
         finally:
             if not future.done():
                 future.set_result(None)
+
+    async def _download_from(self, peer: PeerID, kind: str, waits: Waits) -> tuple[Optional[tuple], str]:
+        """(what `peer` sent or None, the way it came): by the stream, or hivemind's RPC where the peer does not
+        serve the stream or `swarm.state_stream` is off."""
+        if self.download_by_stream:
+            try:
+                return await self._download_stream(peer, kind, waits), "stream"
+            except ProtocolUnsupported:
+                pass
+        return await self._download_rpc(peer, kind, waits), "hivemind RPC"
 
     async def _peers_sharing_state(self) -> list[PeerID]:
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
