@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 from typing import AsyncIterator, Optional
 
-from hivemind.compression import TensorRole
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.streaming import split_for_streaming
 
 from swarmd.swarm.averager_gate import admits
-from swarmd.swarm.state_stream import DownloadsState
+from swarmd.swarm.state_stream import DownloadsState, served_tensors
 
 __all__ = ["ServesParameters"]
 
@@ -58,9 +57,7 @@ class ServesParameters(DownloadsState):
             return  # as hivemind refuses a state download: no data, the caller asks the next peer
         # the host process hands over the whole state (a copy in shared memory); only the parameters go out
         metadata, tensors, infos = await self._get_current_state_from_host_process()
-        for tensor, info in zip(tensors, infos):
-            if info.role == TensorRole.OPTIMIZER:
-                continue
+        for tensor, info in served_tensors("parameters", tensors, infos):
             for part in split_for_streaming(self.state_compression.compress(tensor, info, allow_inplace=False)):
                 yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
                 metadata = None

@@ -41,7 +41,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.averager_gate import admits_peer
 
-__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "KINDS"]
+__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,20 @@ def shared_copy(tensor: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         copy.copy_(tensor)
     return copy
+
+
+def chunk_timeout(averager) -> float:
+    """The longest wait for the next chunk of a download, either side of it: the averager's next_chunk_timeout
+    (unset: its request_timeout, as upstream's own downloads)."""
+    return averager.next_chunk_timeout if averager.next_chunk_timeout is not None else averager.request_timeout
+
+
+def served_tensors(kind: str, tensors, infos) -> list[tuple[torch.Tensor, CompressionInfo]]:
+    """(tensor, info) pairs of a served state that a `kind` request gets: all of them for `state`, all but the
+    optimizer's statistics for `parameters`. `infos` None: upstream's default infos."""
+    if infos is None:
+        infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
+    return [(t, i) for t, i in zip(tensors, infos) if kind == "state" or i.role != TensorRole.OPTIMIZER]
 
 
 class ProtocolUnsupported(Exception):
@@ -101,11 +115,9 @@ class DownloadsState:
             began = time.perf_counter()
             metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
             prepared = time.perf_counter() - began
-            if infos is None:
-                infos = [CompressionInfo.from_tensor(tensor, key=i) for i, tensor in enumerate(tensors)]
-            chosen = [(t, i) for t, i in zip(tensors, infos) if kind == "state" or i.role != TensorRole.OPTIMIZER]
+            chosen = served_tensors(kind, tensors, infos)
             # a downloader that takes nothing for a chunk's time is let go (with the copies of the state it pins)
-            patience = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+            patience = chunk_timeout(self)
             head = MSGPackSerializer.dumps({"metadata": metadata, "tensors": len(chosen)})
             await _write_frame(writer, head, patience)
             for tensor, info in chosen:
@@ -131,10 +143,10 @@ class DownloadsState:
         """The peers that share their state, by upstream's order (the highest epoch first), until one sends:
         sets `future` to (metadata, tensors), or to None when none did. `timeout`: the download's (the host waits
         as long), which bounds the wait for a peer's first bytes."""
-        chunk_timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+        chunk = chunk_timeout(self)
         try:
             for peer in await self._peers_sharing_state():
-                waits = Waits(first=max(chunk_timeout, timeout or 0.0), chunk=chunk_timeout)
+                waits = Waits(first=max(chunk, timeout or 0.0), chunk=chunk)
                 try:
                     loaded, way = await self._download_from(peer, kind, waits)
                 except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
