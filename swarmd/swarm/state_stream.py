@@ -29,14 +29,15 @@ import time
 from typing import Optional
 
 import torch
-from hivemind.compression import CompressionInfo, NoCompression, TensorRole, deserialize_torch_tensor
+from hivemind.compression import (
+    CompressionInfo, NoCompression, TensorRole, deserialize_tensor_stream, deserialize_torch_tensor,
+)
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.serializer import MSGPackSerializer
-from hivemind.utils.streaming import combine_from_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.averager_gate import admits_peer
@@ -228,16 +229,16 @@ class DownloadsState:
         except StopAsyncIteration:
             return None  # no data: refused
         waits.arrived()
-        metadata, tensors, parts = None, [], []
-        async for message in _prepend(first, aiter_with_timeout(stream, timeout=waits.chunk)):
-            if message.metadata:
-                metadata = self.serializer.loads(message.metadata)
-            if message.tensor_part.dtype and parts:  # a new tensor starts
-                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                parts = []
-            parts.append(message.tensor_part)
-        if parts:
-            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+        metadata = None
+
+        async def parts():  # hivemind's own reassembly takes the parts; the metadata rides on the first message
+            nonlocal metadata
+            async for message in _prepend(first, aiter_with_timeout(stream, timeout=waits.chunk)):
+                if message.metadata:
+                    metadata = self.serializer.loads(message.metadata)
+                yield [message.tensor_part]
+
+        tensors = await deserialize_tensor_stream(parts())
         return (metadata, tensors) if metadata else None
 
 
