@@ -88,6 +88,8 @@ class DownloadsState:
     downloads states through it, falling back to hivemind's RPC per peer. Sits before the averager in the MRO.
     `download_by_stream=False` (`swarm.state_stream`) downloads by hivemind's RPC only."""
 
+    _allow_list = None  # an open swarm; swarmd's averagers take the installed list (swarm/averager_gate.py)
+
     def __init__(self, *args, download_by_stream: bool = True, **kwargs):
         self.download_by_stream = download_by_stream  # before upstream's __init__, which may start the process
         super().__init__(*args, **kwargs)
@@ -111,7 +113,7 @@ class DownloadsState:
             kind = request.strip().decode("ascii", "replace")
             if kind not in KINDS or not self.allow_state_sharing:
                 return
-            if not admits_peer(getattr(self, "_allow_list", None), stream_info.peer_id, "download_state"):
+            if not admits_peer(self._allow_list, stream_info.peer_id, "download_state"):
                 return
             began = time.perf_counter()
             metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
