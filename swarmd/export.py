@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from swarmd.daemon.checkpoint import fsync_path
+from swarmd.checkpoints.store import fsync_path
 from swarmd.errors import ConfigError, SwarmdError
 
 __all__ = ["CONFIG_FILE", "METADATA_FILE", "FORMAT", "FORMAT_VERSION", "ExportResult", "export_checkpoint"]
@@ -78,7 +78,7 @@ def export_checkpoint(config, output: Path, *, checkpoint: Optional[str] = None,
 
 
 def _load_checkpoint(state_dir: Path, name: Optional[str]):
-    from swarmd.daemon.checkpoint import CheckpointError, CheckpointStore
+    from swarmd.checkpoints.store import CheckpointError, CheckpointStore
 
     if not state_dir.is_dir():
         raise ConfigError(f"--state-dir: {state_dir} does not exist; pass the state dir of the peer to export")
@@ -128,7 +128,7 @@ def _rebuild(config, checkpoint):
     """The task and its model, on the CPU, with the checkpoint's weights."""
     import torch
 
-    from swarmd.daemon.restore import load_model_state
+    from swarmd.checkpoints.restore import load_model_state
     from swarmd.tasks.base import TaskContext
     from swarmd.tasks.registry import resolve_task
 
@@ -151,12 +151,12 @@ def _rebuild(config, checkpoint):
 
 def _check_fits(model, checkpoint) -> None:
     """Names and shapes of the checkpoint against the model the config builds: one line naming the first misfits."""
-    from swarmd.daemon.restore import _tied_names
+    from swarmd.checkpoints.restore import tied_names
 
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     saved = {name: tuple(tensor.shape) for name, tensor in checkpoint.model_state.items()}
     # the checkpoint keeps one name of each set of tied tensors (daemon/checkpoint.py)
-    aliases = {alias for names in _tied_names(model).values() for alias in names}
+    aliases = {alias for names in tied_names(model).values() for alias in names}
     missing = [name for name in expected if name not in saved and name not in aliases]
     unexpected = [name for name in saved if name not in expected]
     reshaped = [

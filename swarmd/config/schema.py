@@ -395,13 +395,13 @@ class TrainingConfig(StrictModel):
     def _check_devices(cls, value: Optional[str | list[str]]) -> Optional[str | list[str]]:
         if value is None or value == "auto":
             return value
-        from swarmd.ranks.devices import check_device_list  # local: one place knows what a rank's device is
+        from swarmd.config.devices import check_device_list  # local: one place knows what a rank's device is
 
         return check_device_list(value)
 
     @model_validator(mode="after")
     def _check_device_and_devices(self) -> "TrainingConfig":
-        from swarmd.ranks.devices import conflict_between
+        from swarmd.config.devices import conflict_between
 
         conflict = conflict_between(self.device, self.devices)
         if conflict:
@@ -505,7 +505,7 @@ class TrackingConfig(StrictModel):
     @field_validator("backends")
     @classmethod
     def _check_backends(cls, value: list[str]) -> list[str]:
-        from swarmd.tracking.backends import missing_package  # light: finds the package without importing it
+        from swarmd.config.optional_packages import missing_package  # finds the package without importing it
 
         if len(set(value)) != len(value):
             raise ValueError("each backend once")

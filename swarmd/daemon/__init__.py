@@ -1,1 +1,1 @@
-"""The daemon process: lifecycle, checkpoints and state restore."""
+"""The daemon process: lifecycle, signals, the state dir, the checkpointer (over swarmd.checkpoints), extensions."""

@@ -1,12 +1,12 @@
 """The composition root: which extensions a daemon runs, for a given config and environment.
 
-Extensions depend on the leaf interface (daemon/extension.py), the lifecycle on nothing of theirs; only this
+Extensions depend on the leaf interface (swarmd/extension.py), the lifecycle on nothing of theirs; only this
 module names both. Their modules import nothing heavy at import time.
 """
 
 from __future__ import annotations
 
-from swarmd.daemon.extension import Extension
+from swarmd.extension import Extension
 
 __all__ = ["build_extensions"]
 

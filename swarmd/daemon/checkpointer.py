@@ -24,7 +24,7 @@ logger = logging.getLogger("swarmd.daemon")
 
 class Checkpointer:
     def __init__(self, state_dir: Path, *, run_id: str, task: str, keep: int):
-        from swarmd.daemon.checkpoint import CheckpointStore
+        from swarmd.checkpoints.store import CheckpointStore
 
         self.store = CheckpointStore(Path(state_dir) / "checkpoints", keep=keep)
         self.run_id, self.task = run_id, task
@@ -40,7 +40,7 @@ class Checkpointer:
 
     def load_into_model(self, model):
         """The newest good checkpoint of this run into `model`; returns it (for the optimizer) or None."""
-        from swarmd.daemon.restore import load_model_state
+        from swarmd.checkpoints.restore import load_model_state
 
         self.store.remove_partials()
         checkpoint = self.store.load_latest()
@@ -59,7 +59,7 @@ class Checkpointer:
     @staticmethod
     def load_into_optimizer(optimizer, checkpoint, model) -> None:
         """The optimizer's state, and the model's parameters again (hivemind's set-up step moved them)."""
-        from swarmd.daemon.restore import load_optimizer_state, reload_parameters
+        from swarmd.checkpoints.restore import load_optimizer_state, reload_parameters
 
         load_optimizer_state(optimizer, checkpoint)
         reload_parameters(model, optimizer, checkpoint)
@@ -78,8 +78,8 @@ class Checkpointer:
 
         `details`: more for the manifest (e.g. the last evaluation, which `swarmd export` reports);
         `resume`: the worker's ResumePoint (worker/resume.py), captured at the same moment as the model."""
-        from swarmd.daemon.checkpoint import CheckpointError
-        from swarmd.daemon.restore import capture_state
+        from swarmd.checkpoints.store import CheckpointError
+        from swarmd.checkpoints.restore import capture_state
 
         model_state, optimizer_state, epoch = capture_state(model, optimizer)
         info = {"run_id": self.run_id, "task": self.task, "peer_id": self.peer_id, "swarmd_version": __version__}

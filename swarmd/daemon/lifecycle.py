@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from swarmd.daemon.extension import AveragingRoundFinished, Extension, StepsFinished
+from swarmd.extension import AveragingRoundFinished, Extension, StepsFinished
 from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView

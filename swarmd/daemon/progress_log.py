@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 from swarmd.status.snapshot import Snapshot, progress_line
 
 __all__ = ["ProgressLogger", "progress_line"]

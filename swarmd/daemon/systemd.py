@@ -23,7 +23,7 @@ import logging
 import os
 from typing import Any, Optional
 
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 from swarmd.daemon.sdnotify import Notifier, WatchdogSettings, watchdog_settings
 from swarmd.status.snapshot import WatchdogInfo, progress_line
 

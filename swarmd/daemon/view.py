@@ -1,10 +1,10 @@
-"""The running daemon as its extensions see it: daemon/extension.py's DaemonView, and nothing more of it."""
+"""The running daemon as its extensions see it: swarmd/extension.py's DaemonView, and nothing more of it."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from swarmd.daemon.extension import WorkerActivity
+from swarmd.extension import WorkerActivity
 
 __all__ = ["LiveView"]
 

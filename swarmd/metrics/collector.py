@@ -5,7 +5,7 @@ Two kinds, as Prometheus' client guidelines ask:
   bytes - is read at scrape time from the daemon's latest snapshot (status/snapshot.py), through the tables
   below, so /metrics and `swarmd status` never disagree;
 - durations - of averaging rounds and of training steps - are events the daemon delivers on its tick
-  (daemon/extension.py), observed into Histograms.
+  (swarmd/extension.py), observed into Histograms.
 
 A scrape runs on the HTTP server's thread and only reads the snapshot the loop last built (an immutable object).
 No torch or hivemind import.

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any, Optional
 
-from swarmd.daemon.extension import AveragingRoundFinished, DaemonView, Event, Extension, StepsFinished
+from swarmd.extension import AveragingRoundFinished, DaemonView, Event, Extension, StepsFinished
 
 __all__ = ["MetricsExtension", "split_listen_address"]
 

@@ -37,7 +37,7 @@ class StateKeeper:
         from hivemind.averaging import DecentralizedAverager
         from hivemind.optim.state_averager import TrainingStateAverager
 
-        from swarmd.daemon.checkpoint import CheckpointStore
+        from swarmd.checkpoints.store import CheckpointStore
         from swarmd.swarm.optimizer import _UpstreamRpcNames
         from swarmd.swarm.state_stream import DownloadsState
         from swarmd.tasks.base import TaskContext

@@ -12,5 +12,5 @@ the mean to hivemind. See docs/RANKS.md for the protocol and how the daemon driv
 - `compute_rank` the main loop of ranks >= 1 (`python -m swarmd.ranks.compute_rank`)
 - `rank_stats`   per-rank samples/s and CUDA memory for status and metrics
 
-Every module here imports torch only inside functions, so the config schema may import `devices`.
+Every module here imports torch only inside functions. The schema's device-name checks are swarmd/config/devices.py.
 """

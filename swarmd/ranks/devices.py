@@ -4,6 +4,9 @@ In the schema (no torch): every entry is `cpu` or `cuda:N`, no GPU twice, CPU an
 `training.device` agrees with the list. At start-up (torch, the real machine): `auto` becomes every visible GPU
 (or one CPU rank) and a GPU that is not there is a ConfigError naming training.devices (exit 2).
 
+The schema's half lives in swarmd/config/devices.py (re-exported here), so the schema imports nothing
+above swarmd.config.
+
 How the two keys relate: `training.devices` unset means one rank on `training.device` (exactly what a peer did
 before ranks existed). Once `training.devices` is set it decides; `training.device` may then stay `auto` or name
 the first entry (rank 0's device, the one hivemind's optimizer state lives next to), anything else is an error.
@@ -15,46 +18,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
+from swarmd.config.devices import DEVICES_KEY as _KEY
+from swarmd.config.devices import check_device_list, conflict_between
+from swarmd.config.devices import normalise_device as _normalise
 from swarmd.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
 __all__ = ["check_device_list", "conflict_between", "resolve_devices", "backend_for"]
-
-_KEY = "training.devices"
-
-
-def check_device_list(entries: Sequence[str]) -> list[str]:
-    """The schema's check of an explicit list: normalised names (`cuda` -> `cuda:0`); ValueError on a mistake."""
-    if not entries:
-        raise ValueError("needs at least one device, e.g. [cuda:0, cuda:1], or auto")
-    names = [_normalise(entry) for entry in entries]
-    seen: set[str] = set()
-    for name in names:
-        if name != "cpu" and name in seen:
-            raise ValueError(f"{name} is listed twice; a GPU hosts one rank (only cpu may repeat)")
-        seen.add(name)
-    if "cpu" in seen and len(seen) > 1:
-        raise ValueError(
-            f"{names} mixes cpu and cuda ranks; one process group runs one backend (gloo for cpu, nccl for cuda)"
-        )
-    return names
-
-
-def conflict_between(device: str, devices: Optional[str | list[str]]) -> str:
-    """Why `training.device` and `training.devices` disagree, or "" when they do not."""
-    if devices is None or device == "auto":
-        return ""
-    single = _normalise(device)
-    if devices == "auto":
-        return f"{_KEY}: auto conflicts with training.device={device}; set only one of them"
-    if single != devices[0]:
-        return (
-            f"{_KEY}: training.device={device} is not the first entry of {devices} (rank 0's device); "
-            "set only training.devices"
-        )
-    return ""
 
 
 def resolve_devices(training, *, cuda_count: Optional[int] = None) -> list["torch.device"]:
@@ -92,13 +64,3 @@ def backend_for(devices: Sequence["torch.device"]) -> str:
     """NCCL between GPUs, gloo between CPU ranks."""
     return "nccl" if devices[0].type == "cuda" else "gloo"
 
-
-def _normalise(name: str) -> str:
-    name = name.strip()
-    if name == "cpu":
-        return name
-    if name == "cuda":
-        return "cuda:0"
-    if name.startswith("cuda:") and name[5:].isdigit():
-        return f"cuda:{int(name[5:])}"
-    raise ValueError(f"{name!r} is not a rank's device: use cpu or cuda:N (or devices: auto)")

@@ -196,7 +196,7 @@ class Snapshot:
     averaging: dict = field(default_factory=dict)  # {kind: {outcome: rounds}}, every kind and outcome present
     last_averaging_by_kind: dict = field(default_factory=dict)  # {kind: AveragingRound}
     recent_averaging: tuple = ()  # the newest rounds, oldest first
-    # added by the extensions (daemon/extension.py `snapshot_fields`)
+    # added by the extensions (swarmd/extension.py `snapshot_fields`)
     metrics_address: Optional[str] = None  # where /metrics is bound (None: off, or the port was taken)
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0

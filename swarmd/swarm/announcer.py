@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 
 __all__ = ["PeerAnnouncer"]
 

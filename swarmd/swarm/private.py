@@ -16,7 +16,7 @@ import logging
 from typing import Any, Optional
 
 from swarmd.config.peer_list import AllowListError, read_allowed_peers
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 from swarmd.errors import ConfigError
 
 __all__ = ["ACTIVE_LIST_FILE", "PrivateSwarm"]

@@ -22,7 +22,7 @@ import json
 import logging
 from typing import Any, Optional
 
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 
 __all__ = [
     "ReachabilityCheck", "addresses_to_check", "dial_libp2p", "tcp_endpoint", "unreachable_advice",

@@ -3,8 +3,8 @@
   base.py         the BaseLogger interface (does nothing) and the fan-out thread that feeds the backends
   tensorboard.py  event files (torch's SummaryWriter; `pip install 'swarmd[tensorboard]'`)
   wandb.py        Weights & Biases, imported lazily (`pip install 'swarmd[wandb]'`; WANDB_* honoured)
-  backends.py     names -> packages (checked at config validation) and the builder
+  backends.py     the builder (names -> packages, checked at config validation, are config/optional_packages.py)
   extension.py    the DaemonExtension: status snapshot -> scalars, logged once per epoch
 
-Importing this package imports nothing heavy: the config schema uses `backends.missing_package`.
+Importing this package imports nothing heavy.
 """

@@ -1,32 +1,20 @@
 """The tracking backends swarmd knows: their package, the extra that installs it, and how to build one.
 
-`missing_package` is what the config schema calls at validation (so `swarmd join` with a backend that is not
-installed stops at once with exit 2, not at the first log); it looks the package up without importing it.
+`missing_package` (swarmd/config/optional_packages.py, re-exported here) is what the config schema calls at
+validation (so `swarmd join` with a backend that is not installed stops at once with exit 2, not at the first
+log); it looks the package up without importing it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Optional
+
+from swarmd.config.optional_packages import BACKENDS, missing_package  # re-exported
 
 __all__ = ["BACKENDS", "missing_package", "build_backends"]
-
-BACKENDS = {"tensorboard": "tensorboard", "wandb": "wandb"}
-"""Backend name -> the Python package it needs (installed by the extra `swarmd[<name>]`)."""
-
-
-def missing_package(backend: str) -> Optional[str]:
-    """None if `backend` can run here, else the one-line fix."""
-    package = BACKENDS[backend]
-    try:
-        found = importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):  # a broken install, or a module stubbed out as None in sys.modules
-        found = False
-    return None if found else f"{backend} needs the {package} package: pip install 'swarmd[{backend}]'"
 
 
 def build_backends(config) -> list:

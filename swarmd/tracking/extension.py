@@ -21,7 +21,7 @@ import asyncio
 import logging
 from typing import Any, Iterator, Optional
 
-from swarmd.daemon.extension import DaemonView, Extension
+from swarmd.extension import DaemonView, Extension
 
 __all__ = ["TrackingExtension", "SnapshotDiff", "epoch_scalars", "averaging_scalars", "evaluation_scalars"]
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from daemons import peer_config
-from swarmd.daemon.checkpoint import CheckpointStore, checkpoint_epoch
+from swarmd.checkpoints.store import CheckpointStore, checkpoint_epoch
 
 BATCH = 16
 H = 4

@@ -160,8 +160,8 @@ def test_every_averager_waits_next_chunk_timeout_for_a_part(dht, tmp_path, next_
 
 
 def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
-    from swarmd.daemon.checkpoint import CheckpointStore
-    from swarmd.daemon.restore import capture_state, load_model_state, load_optimizer_state
+    from swarmd.checkpoints.store import CheckpointStore
+    from swarmd.checkpoints.restore import capture_state, load_model_state, load_optimizer_state
 
     task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-save")
     try:

@@ -194,7 +194,7 @@ def _single_process(env, start: int, *, batch: int, count: int):
 
 
 def _checkpoint_params(node) -> dict:
-    from swarmd.daemon.checkpoint import CheckpointStore
+    from swarmd.checkpoints.store import CheckpointStore
 
     checkpoint = CheckpointStore(node.state_dir / "checkpoints", keep=1).load_latest()
     assert checkpoint is not None and checkpoint.epoch == MAX_EPOCHS, node.tail()

@@ -87,7 +87,7 @@ def _state_dirs_in_peer_id_order(tmp_path, *names: str) -> list:
 
 
 def _epoch_one_params(node) -> dict:
-    from swarmd.daemon.checkpoint import CheckpointStore
+    from swarmd.checkpoints.store import CheckpointStore
 
     checkpoint = CheckpointStore(node.state_dir / "checkpoints", keep=2).load_latest()
     assert checkpoint is not None and checkpoint.epoch == 1, node.tail()

@@ -36,7 +36,7 @@ def toy(tmp_path: Path, *, ranks: int, batch: int, **swarm) -> dict:
 
 def checkpoints(node) -> list:
     """The peer's checkpoints, newest first."""
-    from swarmd.daemon.checkpoint import CheckpointStore
+    from swarmd.checkpoints.store import CheckpointStore
 
     store = CheckpointStore(node.state_dir / "checkpoints", keep=3)
     return [store.load(path) for path in store.list()]

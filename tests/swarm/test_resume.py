@@ -142,8 +142,8 @@ def test_a_run_stopped_and_resumed_reaches_the_parameters_of_one_that_was_not(dh
 def test_a_resumed_peer_offers_its_state_at_its_epoch_at_once(dht, tmp_path):
     """hivemind offers a peer's state at its epoch only from its next global step; a peer resumed at epoch 3 that
     still offered 0 would look older than a fresh peer next to it (swarm/initial_state.py)."""
-    from swarmd.daemon.checkpoint import Checkpoint
-    from swarmd.daemon.restore import load_optimizer_state
+    from swarmd.checkpoints.store import Checkpoint
+    from swarmd.checkpoints.restore import load_optimizer_state
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategy import build_swarm_optimizer
 

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from swarmd.daemon import checkpoint as ckpt_module
-from swarmd.daemon.checkpoint import CheckpointError, CheckpointStore, checkpoint_epoch
-from swarmd.daemon.restore import load_model_state
+from swarmd.checkpoints import store as ckpt_module
+from swarmd.checkpoints.store import CheckpointError, CheckpointStore, checkpoint_epoch
+from swarmd.checkpoints.restore import load_model_state
 
 
 class Tied(torch.nn.Module):

@@ -12,7 +12,7 @@ import yaml
 from daemons import REPO, blocked_imports_env, run_cli
 from swarmd import __version__
 from swarmd.config import load_config
-from swarmd.daemon.checkpoint import CheckpointStore
+from swarmd.checkpoints.store import CheckpointStore
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.export import CONFIG_FILE, METADATA_FILE, export_checkpoint
 from swarmd.tasks.base import TaskContext

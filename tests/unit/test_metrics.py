@@ -179,7 +179,7 @@ def test_other_processes_traffic_is_not_counted():
 
 
 class FakeView:
-    """What an extension sees of a daemon that is still starting (daemon/extension.py DaemonView)."""
+    """What an extension sees of a daemon that is still starting (swarmd/extension.py DaemonView)."""
 
     def __init__(self):
         self.config = load_config(None, flags={"run_id": "endpoint-run"})

@@ -4,60 +4,12 @@ the observers reach the daemon only through the snapshot and the extension inter
 import ast
 from pathlib import Path
 
-import swarmd
-
-PACKAGE = Path(swarmd.__file__).resolve().parent
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    """module -> the swarmd modules it imports anywhere in its body (a package import counts as its __init__)."""
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                targets.add(base)
-                targets.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
-        graph[name] = {target for target in targets if target in modules and target != name}
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]):
-    state, stack = {}, []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for target in sorted(graph[node]):
-            if state.get(target) == "open":
-                return stack[stack.index(target):] + [target]
-            if target not in state and (cycle := visit(target)):
-                return cycle
-        state[node] = "done"
-        stack.pop()
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
+from module_graph import PACKAGE, find_cycle, import_graph, module_name  # tests/module_graph.py
 
 
 def test_the_graph_is_built_from_real_imports():
     graph = import_graph()
-    assert "swarmd.daemon.extension" in graph["swarmd.metrics.extension"]
+    assert "swarmd.extension" in graph["swarmd.metrics.extension"]
     assert "swarmd.status.snapshot" in graph["swarmd.daemon.lifecycle"]
     assert "swarmd.swarm.strategy" in graph["swarmd.daemon.lifecycle"]  # imported inside a function
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -69,7 +21,7 @@ def test_no_import_cycle():
 
 
 def test_the_extension_interface_is_a_leaf():
-    assert import_graph()["swarmd.daemon.extension"] == set()
+    assert import_graph()["swarmd.extension"] == set()
 
 
 FORBIDDEN_MODULES = {"swarmd.swarm.optimizer", "swarmd.worker.stats", "swarmd.swarm.averaging_log", "swarmd.daemon.lifecycle"}

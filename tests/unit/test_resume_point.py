@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from swarmd.daemon.checkpoint import CheckpointStore
+from swarmd.checkpoints.store import CheckpointStore
 from swarmd.tasks.loader import SeededBatchOrder
 from swarmd.worker.resume import DataPosition, ResumePoint, capture_rng_states, restore_rng_states
 

@@ -55,7 +55,7 @@ def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, 
     receiver = NotifyReceiver(str(tmp_path / "notify.sock"))
     worker_clock = [1000.0]  # the worker's activities age only when the test says so
     stats = WorkerStats(clock=lambda: worker_clock[0])
-    view = SimpleNamespace(  # daemon/extension.py DaemonView
+    view = SimpleNamespace(  # swarmd/extension.py DaemonView
         config=None,
         dht=None,
         worker_activity=stats.activity,

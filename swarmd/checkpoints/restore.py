@@ -6,10 +6,10 @@ import logging
 
 import torch
 
-from swarmd.daemon.checkpoint import storage_key
+from swarmd.checkpoints.store import storage_key
 from swarmd.errors import ConfigError
 
-__all__ = ["capture_state", "load_model_state", "load_optimizer_state", "reload_parameters"]
+__all__ = ["capture_state", "load_model_state", "load_optimizer_state", "reload_parameters", "tied_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _clone(value):
 def load_model_state(model: torch.nn.Module, checkpoint) -> None:
     """Load weights; names dropped at save time because they alias another tensor (tied weights) are restored."""
     state = dict(checkpoint.model_state)
-    for kept, aliases in _tied_names(model).items():
+    for kept, aliases in tied_names(model).items():
         for alias in aliases:
             if alias not in state and kept in state:
                 state[alias] = state[kept]
@@ -53,7 +53,7 @@ def load_model_state(model: torch.nn.Module, checkpoint) -> None:
         )
 
 
-def _tied_names(model: torch.nn.Module) -> dict[str, list[str]]:
+def tied_names(model: torch.nn.Module) -> dict[str, list[str]]:
     """First name of each shared storage -> the other names of it (the same rule the checkpoint writer uses)."""
     by_storage: dict[tuple, list[str]] = {}
     for name, tensor in model.state_dict().items():
