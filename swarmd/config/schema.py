@@ -279,7 +279,8 @@ class SwarmConfig(StrictModel):
         gt=0,
         description="Clip each local step's gradient to this global norm before it joins the swarm's average, as "
         "hivemind's ALBERT example does (HF Trainer's max_grad_norm); task.optim.max_grad_norm clips the averaged "
-        "gradient instead. Needs reuse_grad_buffers: false. null: off.",
+        "gradient instead. Under strategy diloco, each inner step's gradient is clipped. Needs "
+        "reuse_grad_buffers: false. null: off.",
     )
     averager_opts: dict[str, Any] = Field(
         default_factory=dict,

@@ -17,7 +17,7 @@ from typing import Optional
 from swarmd import __version__
 from swarmd.status.snapshot import CheckpointInfo
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "checkpoint_details"]
 
 logger = logging.getLogger("swarmd.daemon")
 
@@ -58,11 +58,15 @@ class Checkpointer:
 
     @staticmethod
     def load_into_optimizer(optimizer, checkpoint, model) -> None:
-        """The optimizer's state, and the model's parameters again (hivemind's set-up step moved them)."""
+        """The model's parameters again (hivemind's set-up step moved them), then the optimizer's state.
+
+        In this order: the optimizer's state may hold parameters of its own that the model's must not overwrite.
+        Under DiLoCo the host copies are the outer parameters, and a checkpoint taken mid-round holds inner
+        parameters in the model: loaded last, the optimizer state puts the checkpoint's outer ones back."""
         from swarmd.checkpoints.restore import load_optimizer_state, reload_parameters
 
-        load_optimizer_state(optimizer, checkpoint)
         reload_parameters(model, optimizer, checkpoint)
+        load_optimizer_state(optimizer, checkpoint)
 
     @staticmethod
     def resume_point(checkpoint):
@@ -98,3 +102,11 @@ class Checkpointer:
             return
         with self._lock:
             self._info = CheckpointInfo(epoch, str(path), time.time(), self._info.failures_total)
+
+
+def checkpoint_details(report) -> dict:
+    """What `swarmd export` reads from a checkpoint's manifest besides the weights (worker/stats.py's report)."""
+    if report.evaluation is None:
+        return {}
+    epoch, metrics = report.evaluation
+    return {"last_evaluation": {"epoch": epoch, **metrics}}

@@ -38,8 +38,10 @@ class StateKeeper:
         from hivemind.optim.state_averager import TrainingStateAverager
 
         from swarmd.checkpoints.store import CheckpointStore
+        from swarmd.swarm.averager_keys import averager_prefix
         from swarmd.swarm.optimizer import _UpstreamRpcNames
         from swarmd.swarm.state_stream import DownloadsState
+        from swarmd.swarm.strategy import strategy_of
         from swarmd.tasks.base import TaskContext
         from swarmd.tasks.registry import resolve_task
 
@@ -55,10 +57,8 @@ class StateKeeper:
         self.task.prepare()  # ALBERT needs its tokenizer, Swin its number of classes (as swarmd export)
         self.model = self.task.build_model()
         self.parameters = [p for group in self.task.parameter_groups(self.model) for p in group["params"]]
-        suffix = "_diloco_state_averager" if config.swarm.strategy == "diloco" else "_state_averager"
-        self.downloader = _Downloader(
-            averaged_tensors=[torch.zeros(1)], dht=dht, prefix=f"{config.run_id}{suffix}", client_mode=True, start=True
-        )
+        prefix = averager_prefix(config.run_id, strategy_of(config).state_suffix)
+        self.downloader = _Downloader(averaged_tensors=[torch.zeros(1)], dht=dht, prefix=prefix, client_mode=True, start=True)
         self.store = CheckpointStore(config.state_path / "checkpoints", keep=config.checkpoint.keep)
         self.kept: Optional[KeptState] = None
 

@@ -32,8 +32,9 @@ __all__ = [
 logger = logging.getLogger("swarmd.private")
 
 # Where a peer can be refused: its DHT records, asking to join a matchmaking group, sending all-reduce parts,
-# downloading the state. The order is the order of the shared counters.
-WHERE = ("dht_records", "join_group", "aggregate_part", "download_state", "reachability")
+# downloading the state, being downloaded from (its offer of its state, state_stream.py), reachability probes.
+# The order is the order of the shared counters.
+WHERE = ("dht_records", "join_group", "aggregate_part", "download_state", "state_source", "reachability")
 class AllowList:
     """The effective list, shared by the daemon and the hivemind processes forked from it (see the module doc)."""
 

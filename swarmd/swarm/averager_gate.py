@@ -19,6 +19,7 @@ from hivemind.proto import averaging_pb2
 from swarmd.swarm.allowlist import installed
 from swarmd.swarm.averager_pace import PacedAverager
 from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
+from swarmd.swarm.partial_rounds import ReportsPartialRounds
 
 __all__ = ["AdmitsAllowedPeers", "admits", "admits_peer"]
 
@@ -32,9 +33,9 @@ def admits_peer(allow_list, peer_id, where: str) -> bool:
     return allow_list is None or allow_list.admit(peer_id.to_base58(), where)
 
 
-class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown):
+class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, ReportsPartialRounds):
     # (every swarmd averager has this class just above hivemind's, so it also carries the fewer DHT requests of
-    # swarm/averager_pace.py and the shutdown fix)
+    # swarm/averager_pace.py, the shutdown fix and the report of a partial round, swarm/partial_rounds.py)
     _allow_list = None
 
     def __init__(self, *args, **kwargs):

@@ -13,21 +13,27 @@ No torch or hivemind import (the model is passed in).
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import logging
 from collections import Counter
 from typing import Any, Iterable, Mapping, Optional
+
+from swarmd.errors import ConfigError
+from swarmd.swarm.digests import parameter_digest
+from swarmd.swarm.strategy import STRATEGIES, strategy_of
 
 __all__ = [
     "PROTOCOL_VERSION",
     "FIELDS",
     "model_fingerprint",
-    "update_with_bytes",
-    "parameter_digest",
     "compatibility_of",
     "compatibility_of_record",
+    "check_against_swarm",
     "difference",
     "swarm_reference",
 ]
+
+logger = logging.getLogger("swarmd.daemon")
 
 # Bumped when peers of two swarmd versions cannot train together (the record format, the averaging protocol).
 PROTOCOL_VERSION = 1
@@ -40,47 +46,25 @@ def model_fingerprint(model) -> tuple[str, int]:
     return parameter_digest(model).hexdigest()[:32], count
 
 
-def parameter_digest(model, *, values: bool = False):
-    """sha256 over each parameter's name, shape and dtype, and with `values` its bytes too (read on the host):
-    the model's architecture, or the very values it holds (swarm/initial_state.py start_values)."""
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype}\n".encode())
-        if values:
-            update_with_bytes(digest, parameter)
-    return digest
-
-
-def update_with_bytes(digest, tensor) -> None:
-    """Feed a tensor's bytes (read on the host, in its logical order) to a hashlib digest."""
-    import torch  # for the bytes only: this module otherwise needs no torch (the model is passed in)
-
-    flat = tensor.detach().to("cpu").reshape(-1)  # flat and contiguous: a 0-d tensor has no byte view
-    digest.update(flat.view(torch.uint8).numpy())
-
-
 def compatibility_of(config, model) -> dict[str, Any]:
     """This peer's compatibility fields, from its config and the model its task built."""
     fingerprint, count = model_fingerprint(model)
-    swarm = config.swarm
+    strategy = strategy_of(config)
     return {
         "protocol": PROTOCOL_VERSION,
         "task": config.task.name,
         "parameters": count,
         "model_fingerprint": fingerprint,
-        # DiLoCo ends a round after H steps of each peer (its tracker's target is H x this peer's batch): H must agree
-        "target_batch_size": swarm.target_batch_size if swarm.strategy == "sync" else 0,
-        "strategy": swarm.strategy,
-        "inner_steps": swarm.diloco.inner_steps if swarm.strategy == "diloco" else 0,
+        "strategy": strategy.name,
+        **strategy.compatibility(config.swarm),  # the settings of its own that peers must share
     }
 
 
 def compatibility_of_record(record: Mapping[str, Any]) -> dict[str, Any]:
     """The compatibility fields of a peer record (swarm/peer_records.py PeerRecord)."""
     fields = {key: record.get(key) for key in FIELDS}
-    if fields["strategy"] != "sync":
-        fields["target_batch_size"] = 0
-    return fields
+    strategy = STRATEGIES.get(fields["strategy"])  # another swarmd's unknown strategy: differs by its name anyway
+    return strategy.of_record(fields) if strategy is not None else fields
 
 
 def difference(swarm: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
@@ -108,6 +92,34 @@ def difference(swarm: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
             return f"the swarm's {key} is {swarm[key]}, this config's is {ours[key]}: set {setting}: {swarm[key]} " \
                    "or use the run's config"
     return ""
+
+
+async def check_against_swarm(dht, run_id: str, own_peer_id: str, ours: Mapping[str, Any], *, retry: bool) -> None:
+    """Raise ConfigError with the one line naming the difference when this peer's compatibility (`ours`) differs
+    from the swarm's, as the other peers' records say. Peers without a record (plain hivemind, or none yet) do not
+    count; `retry`: read once more after a second when no record came yet (a peer that has just joined the DHT
+    through initial peers: records are stored every few seconds)."""
+    from swarmd.swarm.peer_records import PeerRecords  # hivemind's schemas: only when asked
+
+    records = PeerRecords(run_id)
+    for attempt in range(2 if retry else 1):
+        try:
+            found = await asyncio.wait_for(records.fetch(dht), 10.0)
+        except Exception as e:  # noqa: BLE001 - the DHT is up; an unanswered read is no reason to stop
+            logger.warning("Could not read the swarm's peer records to compare configs (%r); going on", e)
+            return
+        others = [peer for peer in records.parse(found)[0] if peer["peer_id"] != own_peer_id]
+        reference = swarm_reference(others)
+        if reference is not None:
+            break
+        if attempt == 0 and retry:
+            await asyncio.sleep(1.0)
+    else:
+        return
+    why = difference(reference, ours)
+    if why:
+        raise ConfigError(why)
+    logger.info("This peer's model and settings match the swarm's (%d peer record(s))", len(others))
 
 
 def swarm_reference(records: Iterable[Mapping[str, Any]]) -> Optional[dict[str, Any]]:

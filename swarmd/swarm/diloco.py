@@ -20,7 +20,7 @@ load_state_from_peers, state_dict). One global epoch is one outer step:
   sent at inner step H - tau and the round runs while the last tau inner steps do; the outer step still lands at
   the H-th, and the model then keeps `overlap_mixing` of its own parameters (torchft's fragment_update_alpha);
 - a round that fails or times out, or a peer that is alone, steps on its OWN pseudo-gradient (AveragingLog
-  ("outer", "local")); an average that is non-finite, implausibly large against this peer's own, or mixed with a
+  ("outer", "local")), and so does a round whose average came back in part ("outer", "partial"); an average that is non-finite, implausibly large against this peer's own, or mixed with a
   peer of another outer step is rejected ("outer", "rejected") and the own pseudo-gradient used instead;
 - a peer that finds the swarm already past the round it just finished downloads the swarm's state (outer
   parameters, outer momentum, inner optimizer state, and how far the swarm is into the round) instead; one that
@@ -44,11 +44,12 @@ import torch
 from hivemind.averaging.control import StepControl
 from hivemind.utils import get_dht_time
 
+from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.diloco_state import DiLoCoStateAverager
 from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average, shared_optimizer_options
+from swarmd.swarm.partial_rounds import missing_share
 from swarmd.swarm.outer_round import (
-    PARTIAL,
     OuterAverager,
     RoundProgressTracker,
     SentRound,
@@ -79,8 +80,7 @@ def _outer_sgd(lr: float, momentum: float, nesterov: bool) -> Callable:
 
 class DiLoCoOptimizer(SwarmOptimizer):
     _state_averager_type = DiLoCoStateAverager
-    # its own keys: a sync peer of the same run_id must never take a DiLoCo peer's state or round for its own
-    _state_averager_suffix = "_diloco_state_averager"
+    _state_averager_suffix = averager_keys.DILOCO_STATE  # never a sync peer's of the same run_id
     _progress_tracker_type = RoundProgressTracker  # publishes at once when a round is done
     _running_parts = ("outer_averager", *SwarmOptimizer._running_parts)
     state_averager: DiLoCoStateAverager
@@ -200,6 +200,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # or catching up): that round's send or outer step comes before any inner step
             self._round_point(came_with_state=True)
             return loss
+        self._clip_local_gradients()
         with averager.state_lock, averager.lock_optimizer:  # the inner state and round_steps are served together
             self.inner_optimizer.step()
             averager.round_steps += 1
@@ -296,7 +297,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             check = {"digest": self._state_digest()}
         else:
             check = self._state_fingerprint() if self.state_check_tolerance else []
-        self.outer_averager.set_group_bits(format(epoch % 256, "08b"))
+        self.outer_averager.set_group_bits(averager_keys.group_bits(averager_keys.DILOCO_OUTER, epoch))
         return self.outer_averager.step(
             weight=weight, gather=[epoch, self._apart_from_swarm, check], timeout=self.averaging_timeout,
             wait=False, **schedule,
@@ -378,7 +379,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         """The outer step on the round's result (or on this peer's own pseudo-gradient)."""
         epoch, weight = sent.epoch, sent.weight
         pseudo_gradient, outcome, group_size, why, group_apart = self._receive(sent)
-        if outcome == "local" and weight == 0 and not self._alone():
+        if outcome in ("local", "partial") and weight == 0 and not self._alone():
             # nothing of its own to step on (it joined at the round's end): a lone step would only apply momentum
             # and leave this peer apart from the swarm for good; take the swarm's result instead
             self._skip_round(epoch, f"the round failed for a peer with nothing to contribute ({why})")
@@ -421,7 +422,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             "outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why,
             waited=sent.waited if sent.overlapped and sent.control is not None else None, peer_wait=sent.peer_wait,
         )
-        if outcome in ("local", "rejected"):
+        if outcome in ("local", "partial", "rejected"):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
             # succeeds with company averages the outer state, or the peers would stay apart for good
             self._apart_from_swarm = True
@@ -530,10 +531,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
             return own, "local", 1, f"the round failed: {e!r}", ""
         finally:
             sent.waited = time.perf_counter() - waiting_since
+        missing = missing_share(gathered)
+        if missing:  # the group's members now hold different mixes: stepped on its own, apart until repaired
+            return own, "partial", 1, f"{missing:.1%} of the average did not arrive", ""
         gathered = dict(gathered)
-        missing = gathered.pop(PARTIAL, 0.0)
-        if missing:
-            return own, "local", 1, f"the round failed: {missing:.1%} of the average did not arrive", ""
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]
         gathered = [gathered_entry(value) for value in gathered.values()]
@@ -712,4 +713,5 @@ def build_diloco_optimizer(*, dht, config, model, task, averaging_log: Averaging
         average_state_every=diloco.average_state_every,
         state_check_tolerance=diloco.state_check_tolerance,
         catch_up_by_averaging=swarm.catch_up_by_averaging is not False,  # on unless turned off
+        clip_local_grad_norm=swarm.clip_local_grad_norm,  # clips each inner step's gradient
     )

@@ -34,16 +34,16 @@ def start_values(model, epoch: int) -> str:
     """"<epoch>:<hash>" of a module's parameter values (names, shapes, dtypes and bytes, on the host)."""
     import torch
 
-    from swarmd.swarm.compatibility import parameter_digest
+    from swarmd.swarm.digests import parameter_digest
 
     with torch.no_grad():
         return f"{int(epoch)}:{parameter_digest(model, values=True).hexdigest()[:40]}"
 
 
 def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
-    """Other peers offering their state: base58 peer id -> priority (their local epoch). {} if none or unreadable."""
-    from hivemind.p2p import PeerID
-    from hivemind.utils import ValueWithExpiration
+    """Other peers offering their state: base58 peer id -> priority (their local epoch). {} if none or unreadable.
+    In a private swarm, insiders only (state_stream.state_offers)."""
+    from swarmd.swarm.state_stream import state_offers
 
     averager = optimizer.state_averager
     try:
@@ -51,21 +51,8 @@ def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
     except Exception as e:  # noqa: BLE001 - a slow DHT costs the start-up download, not the start
         logger.warning("Could not read which peers offer their state (%r): not downloading it", e)
         return {}
-    if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
-        return {}
-    own = averager.peer_id
-    offers = {}
-    for subkey, entry in found.value.items():
-        priority = entry.value if isinstance(entry, ValueWithExpiration) else None
-        if not isinstance(priority, (int, float)) or isinstance(priority, bool):
-            continue  # None: a peer that stopped sharing
-        try:
-            peer = PeerID(subkey)
-        except Exception:  # noqa: BLE001 - a malformed record is not a peer
-            continue
-        if peer != own:
-            offers[peer.to_base58()] = float(priority)
-    return offers
+    offers = state_offers(found, averager.peer_id, averager._allow_list)
+    return {peer.to_base58(): priority for peer, priority in offers.items()}
 
 
 def level_offers(own_epoch: int, own_peer_id: str, offers: Mapping[str, float]) -> list[str]:

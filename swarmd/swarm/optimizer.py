@@ -34,10 +34,12 @@ from hivemind.optim import Optimizer
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
+from swarmd.swarm import averager_keys
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
+from swarmd.swarm.partial_rounds import missing_share
 from swarmd.swarm.state_stream import shared_copy
 from swarmd.swarm.progress import ThrottledProgressTracker
 
@@ -67,6 +69,9 @@ class _RecordsRounds(AdmitsAllowedPeers):
     _epoch_of_round: Callable[[], int]
     _on_state_loaded: Callable[[], None]
     rounds_with_others = 0  # state rounds that succeeded in a group of two or more
+    # A gradient or state round came back in part (swarm/partial_rounds.py): the group's members hold different
+    # models. SwarmOptimizer then averages state at the next epoch's end, whatever average_state_every says.
+    resync_requested = False
 
     def step(self, *args, **kwargs):
         control = super().step(*args, **kwargs)
@@ -82,11 +87,19 @@ class _RecordsRounds(AdmitsAllowedPeers):
         if control.cancelled():
             self._averaging_log.record("state", "skipped", group_size=1, duration=0.0, epoch=epoch)
             return
+        self.resync_requested = False  # a state round ran: the request is served, whatever its outcome
         error = control.exception()
+        missing = missing_share(control.result()) if error is None else 0.0
         if error is not None:
             self._averaging_log.record(
                 "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error)
             )
+        elif missing:
+            logger.warning("Averaging parameters returned %.1f%% of the average; averaging them again at the next "
+                           "epoch's end", 100 * (1 - missing))
+            self.resync_requested = True
+            self._averaging_log.record("state", "partial", group_size=1, duration=duration, epoch=epoch,
+                                       error=f"{missing:.1%} of the average did not arrive")
         else:
             group_size = len(control.result())
             self.rounds_with_others += group_size >= 2
@@ -311,10 +324,10 @@ class SwarmOptimizer(Optimizer):
         # upstream documents averager_opts as "forwarded to both" averagers but gives them to the state averager
         # only; the gradient averager then keeps request_timeout=3 s, above a short matchmaking_time (deadlock risk)
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
-        if guard_gradient_norm_ratio > 0 and not kwargs.get("use_local_updates"):
+        if not kwargs.get("use_local_updates"):
+            # gated in a private swarm, and keeping this peer's own contribution: what the guard judges the average
+            # against, and what a failed or partial round falls back to (_load_local_gradients_into_optimizer)
             kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
-        elif not kwargs.get("use_local_updates"):
-            kwargs.setdefault("grad_averager_factory", _AdmittingGradientAverager)  # gated in a private swarm
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
         self._downloads_since_global_step = 0
@@ -356,15 +369,9 @@ class SwarmOptimizer(Optimizer):
             super().__del__()
 
     def step(self, closure=None, batch_size=None, grad_scaler=None):
-        # Each local step's own (unscaled) gradient is clipped before hivemind accumulates it, as hivemind's ALBERT
-        # example does through HF Trainer's max_grad_norm; a scaled, accumulating .grad (grad_scaler) is refused by
-        # the config, since clipping it would clip a partial sum.
-        if self.clip_local_grad_norm and not self.auxiliary and grad_scaler is None:
-            import torch
-
-            params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
-            if params:
-                torch.nn.utils.clip_grad_norm_(params, self.clip_local_grad_norm)
+        # a scaled, accumulating .grad (grad_scaler) is refused by the config: clipping it would clip a partial sum
+        if grad_scaler is None:
+            self._clip_local_gradients()
         loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
         if self.catching_up:
             self._maybe_end_catch_up()
@@ -372,17 +379,29 @@ class SwarmOptimizer(Optimizer):
             self._maybe_end_inexact_state()
         return loss
 
+    def _clip_local_gradients(self) -> None:
+        """`swarm.clip_local_grad_norm`: each local step's own (unscaled) gradient is clipped before it is used
+        (accumulated into the swarm's average; under DiLoCo, the inner step), as hivemind's ALBERT example does
+        through HF Trainer's max_grad_norm."""
+        if not self.clip_local_grad_norm or self.auxiliary:
+            return
+        import torch
+
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if params:
+            torch.nn.utils.clip_grad_norm_(params, self.clip_local_grad_norm)
+
     # --- observation ---------------------------------------------------------------------------------------
 
     _state_averager_type: type = _ObservedStateAverager  # subclasses may give a subclass of it
-    _state_averager_suffix = "_state_averager"  # upstream's prefix: run_id + this
+    _state_averager_suffix = averager_keys.STATE  # upstream's prefix: run_id + this
 
     def averager_settings(self, suffix: str) -> dict:
         """What every averager of this optimizer starts with (as upstream's): its DHT, the run's prefix with
         `suffix`, the timeouts and the client mode."""
         return dict(
             dht=self.dht,
-            prefix=f"{self.run_id}{suffix}",
+            prefix=averager_keys.averager_prefix(self.run_id, suffix),
             min_matchmaking_time=self.matchmaking_time,
             allreduce_timeout=self.allreduce_timeout,
             next_chunk_timeout=self.next_chunk_timeout,
@@ -451,6 +470,10 @@ class SwarmOptimizer(Optimizer):
         started = time.perf_counter()
         try:
             group_info = maybe_step_control.result(self.averaging_timeout)
+            missing = missing_share(group_info)
+            if missing:
+                self._use_own_gradients_after_partial_round(missing, time.perf_counter() - started)
+                return
             implausible = self._implausible_average()
             if implausible:
                 self._replace_average_with_own_gradients()
@@ -469,6 +492,33 @@ class SwarmOptimizer(Optimizer):
             "gradients", "rejected" if implausible else "success", group_size=len(group_info),
             duration=time.perf_counter() - started, epoch=self.local_epoch, error=implausible,
         )
+
+    def _use_own_gradients_after_partial_round(self, missing: float, duration: float) -> None:
+        """Part of the average did not arrive: the buffers hold the average where it came and this peer's own
+        gradient elsewhere, a mix no other peer has. Step on the own gradient, as after a failed round, and have
+        the group average its state at this epoch's end (resync_requested), so that its members hold one model
+        again instead of drifting apart until the next scheduled state round."""
+        logger.warning(
+            "Averaging gradients returned %.1f%% of the average (a reducer failed or was late); this epoch uses "
+            "local gradients and the group averages its parameters at the epoch's end", 100 * (1 - missing),
+        )
+        self.averaging_log.record(
+            "gradients", "partial", group_size=1, duration=duration, epoch=self.local_epoch,
+            error=f"{missing:.1%} of the average did not arrive",
+        )
+        self.state_averager.resync_requested = True
+        self._load_local_gradients_into_optimizer()
+
+    def _load_local_gradients_into_optimizer(self) -> None:
+        """Upstream's fallback to the local gradient reloads the accumulators, which the round's start has already
+        reset (GradientAverager.step): it would step on zeros. After a round began, take the copy of what this peer
+        contributed to it instead."""
+        own = getattr(self.grad_averager, "own_gradients", None)
+        if own is not None and self.grad_averager.local_times_accumulated == 0:
+            self._replace_average_with_own_gradients()
+            self._load_averaged_gradients_into_optimizer_()
+        else:
+            super()._load_local_gradients_into_optimizer()
 
     def _implausible_average(self) -> str:
         """Why the averaged gradient cannot be trusted, or "" if it can.
@@ -521,6 +571,17 @@ class SwarmOptimizer(Optimizer):
     def _update_global_epoch(self, grad_scaler) -> None:
         super()._update_global_epoch(grad_scaler)
         self._downloads_since_global_step = 0
+
+    # hivemind reads average_state_every where it decides whether an epoch's end averages state (and pre-schedules
+    # that round): after a partial round, the next epoch's end does, so that the group holds one model again
+    @property
+    def average_state_every(self) -> int:
+        averager = self.__dict__.get("state_averager")
+        return 1 if averager is not None and averager.resync_requested else self._average_state_every
+
+    @average_state_every.setter
+    def average_state_every(self, every: int) -> None:
+        self._average_state_every = every
 
     # --- bounded state download, or catching up by averaging ----------------------------------------------
 

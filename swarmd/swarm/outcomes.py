@@ -17,11 +17,13 @@ OUTCOME_MEANING = {
     "skipped": "no partners (alone, or no round was scheduled); own values used",
     "rejected": "averaged, but the result was implausible (non-finite or far too large); own values used",
     "local": "DiLoCo's outer step on this peer's own pseudo-gradient (alone, or the round failed: see its error)",
+    "partial": "part of the average did not arrive (a reducer failed or was late); this peer's own values were used "
+    "and the group averages its state again (docs/FAULTS.md)",
 }
 OUTCOMES = tuple(OUTCOME_MEANING)
 
 # Outcomes where a round ran (or was due) and its average was not used: what a peer record counts as failed.
-FAILED_OUTCOMES = frozenset({"failed", "rejected"})
+FAILED_OUTCOMES = frozenset({"failed", "rejected", "partial"})
 
 
 def outcome_help() -> str:

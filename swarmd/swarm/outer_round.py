@@ -1,6 +1,6 @@
 """One DiLoCo outer round: when it is due (the progress tracker's ETA is the slowest peer's time to its send step),
-the averager that carries the pseudo-gradients and says when only part of the average came back, what a peer sent
-to a round, and what the members gather with it (outer step, apart flag, outer-state fingerprint).
+the averager that carries the pseudo-gradients, what a peer sent to a round, and what the members gather with it
+(outer step, apart flag, outer-state fingerprint).
 swarm/diloco.py drives it."""
 
 from __future__ import annotations
@@ -15,28 +15,21 @@ from hivemind.averaging.control import StepControl
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress
 from hivemind.utils import get_dht_time
 
+from swarmd.swarm import averager_keys
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
-from swarmd.swarm.compatibility import update_with_bytes
+from swarmd.swarm.digests import update_with_bytes
 from swarmd.swarm.optimizer import _UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = [
-    "OuterAverager", "PARTIAL", "RoundProgressTracker", "SentRound", "bytes_digest", "fingerprint_difference",
+    "OuterAverager", "RoundProgressTracker", "SentRound", "bytes_digest", "fingerprint_difference",
     "gathered_entry",
 ]
 
 
-PARTIAL = "swarmd.partial"  # key the outer averager adds to a round's gathered data: the fraction that did not arrive
-
-
 class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
     """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
-    which also says when a round returned only part of the average.
-
-    hivemind keeps this peer's own values for the parts whose reducer failed or was too slow (`next_chunk_timeout`)
-    and still reports success: the peer would step on a mix of the average and its own pseudo-gradient, apart
-    from the swarm without knowing it (seen on busy 2-core machines). DiLoCoOptimizer treats such a round as failed.
-    """
+    which also says when a round returned only part of the average (swarm/partial_rounds.py)."""
 
     _upstream = DecentralizedAverager
 
@@ -52,19 +45,9 @@ class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
         return cls(
             averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in parameters],
             compression=compression,
-            **optimizer.averager_settings("_diloco_outer"),
+            **optimizer.averager_settings(averager_keys.DILOCO_OUTER),
             **averager_opts,
         )
-
-    async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
-        gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
-        running = self._running_groups.get(group_info.group_id)  # holds the all-reduce runner until the round ends
-        finished = running is not None and running.done() and not running.cancelled() and running.exception() is None
-        runner = running.result() if finished else None
-        parts = getattr(runner, "tensor_part_container", None)
-        if parts is not None and parts.failed_size:
-            gathered = {**gathered, PARTIAL: parts.failed_size / max(1, parts.total_size)}
-        return gathered
 
 
 class RoundProgressTracker(ThrottledProgressTracker):

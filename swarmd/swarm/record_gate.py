@@ -6,9 +6,10 @@ itself, by the subkey that names the writer:
 - `{run_id}_progress` and swarmd's peer records: the subkey is a signed `[owner:<public key>]` marker; the
   signature validator has proved the writer holds that key, and since every swarmd peer signs with its identity key
   (swarm/identity.py), the key gives the peer id. An outsider's progress is not counted, its record not shown;
-- each averager's `{prefix}.0b` (matchmaking: who may lead a group) and `{prefix}.all_averagers` (who may be asked
-  for the state): the subkey is the averager's peer id, so this peer never asks an outsider to lead it or to send
-  it the state. (hivemind's Optimizer uses no group bits, so `.0b` is the only matchmaking key.)
+- each averager's matchmaking keys `{prefix}.0b{group bits}` (who may lead a group; DiLoCo's outer rounds carry the
+  outer step in 8 group bits, the others none) and `{prefix}.all_averagers` (who may be asked for the state): the
+  subkey is the averager's peer id, so this peer never asks an outsider to lead it or to send it the state. Every
+  averager's keys come from swarm/averager_keys.py.
 Other keys pass untouched. The validator sees keys only as their hashes (DHTID), so it hashes the names it guards.
 """
 
@@ -21,20 +22,17 @@ from hivemind.p2p import PeerID
 from hivemind.utils import MSGPackSerializer
 
 from swarmd.swarm.allowlist import AllowList
+from swarmd.swarm.averager_keys import ALL_SUFFIXES, peer_keyed_names
 from swarmd.swarm.identity import peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 
-__all__ = ["AVERAGER_PREFIXES", "AllowListValidator", "guarded_keys"]
-
-
-# every averager a swarmd peer may run (swarm/optimizer.py, swarm/diloco.py): run_id + suffix is its prefix
-AVERAGER_PREFIXES = ("_state_averager", "_grad_averager", "_diloco_outer")
+__all__ = ["AllowListValidator", "guarded_keys"]
 
 
 def guarded_keys(run_id: str) -> tuple[dict[bytes, str], dict[bytes, str]]:
     """(keys whose subkeys are owner markers, keys whose subkeys are peer ids), as hashed key -> name."""
     owners = [f"{run_id}_progress", f"{run_id}_{RECORD_FIELD}"]
-    peers = [f"{run_id}{suffix}{tail}" for suffix in AVERAGER_PREFIXES for tail in (".0b", ".all_averagers")]
+    peers = [name for suffix in ALL_SUFFIXES for name in peer_keyed_names(run_id, suffix)]
     hashed = lambda names: {DHTID.generate(source=name).to_bytes(): name for name in names}  # noqa: E731
     return hashed(owners), hashed(peers)
 

@@ -42,7 +42,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.averager_gate import admits_peer
 
-__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "KINDS"]
+__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,12 +185,9 @@ class DownloadsState:
     async def _peers_sharing_state(self) -> list[PeerID]:
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(key, latest=True, return_future=True)
-        priority = {
-            PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties, as upstream
-            for peer_id, info in (found.value if found is not None else {}).items()
-            if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
-        }
-        return [peer for peer in sorted(priority, key=priority.get, reverse=True) if peer != self.peer_id]
+        offers = state_offers(found, self.peer_id, self._allow_list)
+        ties = {peer: random.random() for peer in offers}  # randomness breaks ties, as upstream
+        return sorted(offers, key=lambda peer: (offers[peer], ties[peer]), reverse=True)
 
     async def _download_stream(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` by the stream, None when it refused; ProtocolUnsupported when it does not
@@ -242,6 +239,27 @@ class DownloadsState:
 
         tensors = await deserialize_tensor_stream(parts())
         return (metadata, tensors) if metadata else None
+
+
+def state_offers(found, own_peer_id: PeerID, allow_list) -> dict[PeerID, float]:
+    """Who offers its state in a `<prefix>.all_averagers` record that the DHT returned: peer -> priority (its
+    epoch), without this peer, malformed entries and peers that stopped sharing (None). In a private swarm, insiders
+    only: the DHT's record gate already drops outsiders' offers, and this holds where a record came another way (a
+    node that stored it before the list changed), so a joiner never takes an outsider's state (issue 30)."""
+    if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
+        return {}
+    offers = {}
+    for subkey, entry in found.value.items():
+        priority = entry.value if isinstance(entry, ValueWithExpiration) else None
+        if not isinstance(priority, (int, float)) or isinstance(priority, bool):
+            continue
+        try:
+            peer = PeerID(subkey)
+        except Exception:  # noqa: BLE001 - a subkey that is no peer id: nobody to ask
+            continue
+        if peer != own_peer_id and admits_peer(allow_list, peer, "state_source"):
+            offers[peer] = float(priority)
+    return offers
 
 
 @dataclasses.dataclass

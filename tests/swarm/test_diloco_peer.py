@@ -82,7 +82,8 @@ def _train(task, model, optimizer, seeds):
 class _Reference:
     """One model trained the textbook way: H inner steps, then the outer Nesterov step on a given pseudo-gradient."""
 
-    def __init__(self):
+    def __init__(self, clip: float = 0.0):
+        self.clip = clip  # swarm.clip_local_grad_norm: each inner step's gradient
         self.model = probe_model()
         self.inner = torch.optim.SGD(self.model.parameters(), lr=INNER_LR)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.inner, _multiplier)
@@ -93,6 +94,8 @@ class _Reference:
         for seed in seeds:
             x, y = _batch(seed)
             torch.nn.functional.mse_loss(self.model(x), y).backward()
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self.inner.step()
             self.schedule.step()
             self.model.zero_grad()
@@ -142,6 +145,23 @@ def test_a_lone_peer_steps_on_its_own_pseudo_gradient(dht, tmp_path):
         optimizer.shutdown()
 
 
+def test_clip_local_grad_norm_clips_each_inner_step(dht, tmp_path):
+    """swarm.clip_local_grad_norm under DiLoCo clips every inner step's gradient (it was once ignored there)."""
+    clip = 0.05
+    task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-clip", clip_local_grad_norm=clip)
+    clipped, unclipped = _Reference(clip=clip), _Reference()
+    try:
+        _train(task, model, optimizer, range(H + 1))  # one outer step and an inner step into the next round
+        for reference in (clipped, unclipped):
+            reference.inner_steps(range(H))
+            reference.outer_step(reference.pseudo_gradient())
+            reference.inner_steps([H])
+        assert _max_difference(model, clipped.model) < 1e-6
+        assert _max_difference(clipped.model, unclipped.model) > 1e-3  # the clip bit: the gradients were larger
+    finally:
+        optimizer.shutdown()
+
+
 @pytest.mark.parametrize("next_chunk_timeout", [None, 7.0])
 def test_every_averager_waits_next_chunk_timeout_for_a_part(dht, tmp_path, next_chunk_timeout):
     """swarm.next_chunk_timeout reaches the outer round's averager and the state averager (repairs, downloads);
@@ -160,16 +180,16 @@ def test_every_averager_waits_next_chunk_timeout_for_a_part(dht, tmp_path, next_
 
 
 def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
-    from swarmd.checkpoints.store import CheckpointStore
-    from swarmd.checkpoints.restore import capture_state, load_model_state, load_optimizer_state
+    """Through the daemon's own restore path (daemon/checkpointer.py), which once put the model's mid-round (inner)
+    parameters over the outer ones: a DiLoCo peer stopped mid-round lost its outer parameters (issue 30)."""
+    from swarmd.daemon.checkpointer import Checkpointer
 
+    checkpointer = Checkpointer(tmp_path, run_id="diloco-save", task="diloco-probe", keep=1)
     task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-save")
     try:
         _train(task, model, optimizer, range(H + 2))  # one outer step, then two steps into the next round
-        model_state, optimizer_state, epoch = capture_state(model, optimizer)
-        CheckpointStore(tmp_path / "checkpoints", keep=1).save(
-            model_state=model_state, optimizer_state=optimizer_state, epoch=epoch, info={}
-        )
+        checkpointer.save(model, optimizer)
+        assert checkpointer.info().failures_total == 0
         outer = [p.detach().clone() for p in optimizer._outer_parameters()]
         momentum = [optimizer.state_averager.optimizer.state[p]["momentum_buffer"].clone() for p in optimizer._outer_parameters()]
         lr = optimizer.param_groups[0]["lr"]
@@ -178,13 +198,14 @@ def test_a_checkpoint_resumes_mid_round_with_the_outer_state(dht, tmp_path):
     finally:
         optimizer.shutdown()
 
-    # What the daemon does at start: the model from the checkpoint, the optimizer built on it, then its state.
-    checkpoint = CheckpointStore(tmp_path / "checkpoints", keep=1).load_latest()
+    # What the daemon does at start (daemon/lifecycle.py): the model from the checkpoint, the optimizer built on
+    # it, then the checkpoint into the optimizer
     restored = probe_model()
-    load_model_state(restored, checkpoint)
+    checkpoint = checkpointer.load_into_model(restored)
+    assert checkpoint is not None
     _, _, resumed, _ = _peer(dht, tmp_path, "diloco-resume", model=restored)
     try:
-        load_optimizer_state(resumed, checkpoint)
+        checkpointer.load_into_optimizer(resumed, checkpoint, restored)
         assert (resumed.local_epoch, resumed.round_steps, resumed.state_averager.inner_step) == (1, 2, H + 2)
         assert resumed.param_groups[0]["lr"] == pytest.approx(lr)
         for param, expected in zip(resumed._outer_parameters(), outer):
@@ -380,13 +401,14 @@ def test_the_first_outer_step_averages_the_outer_state_only_when_the_members_sta
         other_dht.shutdown()
 
 
-def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_path):
+def test_a_round_that_returned_part_of_the_average_is_partial_not_a_success(dht, tmp_path):
     """hivemind keeps a peer's own values for the parts whose reducer failed and calls the round a success; the
     outer averager says what did not arrive, and the peer steps on its own pseudo-gradient, apart (repaired later)."""
     import time
     from concurrent.futures import Future
 
     from swarmd.swarm.outer_round import SentRound
+    from swarmd.swarm.partial_rounds import PartialGathered
 
     _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
     try:
@@ -394,7 +416,7 @@ def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_pat
 
         def partial_round(**kwargs):
             control = Future()
-            control.set_result({"another-peer": [0, False, []], "swarmd.partial": 0.25})
+            control.set_result(PartialGathered({"another-peer": [0, False, []]}, 0.25))
             return control
 
         optimizer.outer_averager.step = partial_round
@@ -402,8 +424,11 @@ def test_a_round_that_returned_part_of_the_average_counts_as_failed(dht, tmp_pat
         sent = SentRound(0, own, 8.0, time.perf_counter(), overlapped=False)
         optimizer._send(sent)
         result, outcome, group_size, why, _ = optimizer._receive(sent)
-        assert (result, outcome, group_size) == (own, "local", 1)
+        assert (result, outcome, group_size) == (own, "partial", 1)
         assert "25.0% of the average did not arrive" in why, why
+        optimizer._finish_round(sent)
+        assert optimizer.averaging_log.last("outer").outcome == "partial"
+        assert optimizer._apart_from_swarm  # the next outer step with company averages the outer state first
     finally:
         optimizer.shutdown()
 

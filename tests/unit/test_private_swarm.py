@@ -136,7 +136,7 @@ def test_the_validator_ignores_outsiders_records_on_the_runs_keys_only(tmp_path)
     for key in ("run_progress", f"run_{RECORD_FIELD}"):  # signed progress and peer records: by their owner
         assert validator.validate(record(key, owner_subkey(insider_key)))
         assert not validator.validate(record(key, owner_subkey(outsider_key)))
-    for key in ("run_state_averager.0b", "run_grad_averager.all_averagers", "run_diloco_outer.0b"):  # by peer id
+    for key in ("run_state_averager.0b", "run_diloco_state_averager.all_averagers", "run_diloco_outer.0b00000011"):
         assert validator.validate(record(key, MSGPackSerializer.dumps(PeerID.from_base58(insider).to_bytes())))
         assert not validator.validate(record(key, MSGPackSerializer.dumps(PeerID.from_base58(outsider).to_bytes())))
     assert not validator.validate(record("run_progress", MSGPackSerializer.dumps(b"no owner here")))
@@ -217,7 +217,7 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     for request in (b"state\n", b"parameters\n"):
         writer = asyncio.run(ask_by_stream(request))
         assert writer.closed and not writer.data
-    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 5, "reachability": 0}
+    assert allow_list.refusals() == {"dht_records": 0, "join_group": 1, "aggregate_part": 1, "download_state": 5, "state_source": 0, "reachability": 0}
     refused = [r for r in caplog.records if "Refused peer" in r.getMessage()]
     assert len(refused) == 3  # once per peer and place
 
