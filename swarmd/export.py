@@ -129,18 +129,9 @@ def _rebuild(config, checkpoint):
     import torch
 
     from swarmd.checkpoints.restore import load_model_state
-    from swarmd.tasks.base import TaskContext
-    from swarmd.tasks.registry import resolve_task
+    from swarmd.tasks.registry import build_task_for_the_model
 
-    context = TaskContext(
-        state_dir=config.state_path,
-        device=torch.device("cpu"),
-        precision="fp32",
-        batch_size=1,  # nothing is trained: a run's batch may exceed the data the exporting machine has
-        seed=0,
-    )
-    task = resolve_task(config.task.name)(config.task.settings, context)
-    task.prepare()  # ALBERT needs its tokenizer, Swin its number of classes
+    task = build_task_for_the_model(config)
     torch.manual_seed(0)
     model = task.build_model()
     _check_fits(model, checkpoint)
@@ -155,7 +146,7 @@ def _check_fits(model, checkpoint) -> None:
 
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     saved = {name: tuple(tensor.shape) for name, tensor in checkpoint.model_state.items()}
-    # the checkpoint keeps one name of each set of tied tensors (daemon/checkpoint.py)
+    # the checkpoint keeps one name of each set of tied tensors (checkpoints/store.py)
     aliases = {alias for names in tied_names(model).values() for alias in names}
     missing = [name for name in expected if name not in saved and name not in aliases]
     unexpected = [name for name in saved if name not in expected]

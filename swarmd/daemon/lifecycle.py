@@ -17,32 +17,20 @@ import contextlib
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
-from swarmd.extension import AveragingRoundFinished, Extension, StepsFinished
+from swarmd.daemon.guarded import bounded, guarded
 from swarmd.daemon.signals import ReloadSignal, StopSignals
+from swarmd.daemon.runtime import Runtime
 from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView
-from swarmd.errors import ConfigError, ExitCode, SwarmdError
+from swarmd.errors import ExitCode, SwarmdError
+from swarmd.extension import AveragingRoundFinished, Extension, StepsFinished
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
 
 __all__ = ["Daemon"]
 
 logger = logging.getLogger("swarmd.daemon")
-
-
-@dataclass
-class Runtime:
-    """What a started daemon trains with; built by the start-up phases, stopped by the shutdown."""
-
-    task: Any
-    model: Any
-    optimizer: Any  # swarm/optimizer.py SwarmOptimizer
-    stats: Any  # worker/stats.py WorkerStats
-    averaging_log: Any  # swarm/averaging_log.py AveragingLog
-    ranks: Any = None  # ranks/local.py LocalRanks when the peer has several (training.devices)
-    worker: Any = None  # worker/trainer.py TrainingWorker, once started
 
 
 class Daemon:
@@ -103,7 +91,7 @@ class Daemon:
         self.runtime.worker = self._start_worker(device, checkpoint)
         self._set_state("training")
         for extension in self.extensions:
-            _guarded(extension.ready, self.view)
+            guarded(extension.ready, self.view)
 
     async def _open_state_dir(self) -> None:
         """Lock the state dir, answer on the status socket ("starting") and start the extensions."""
@@ -170,26 +158,20 @@ class Daemon:
     def _make_task(self):
         from swarmd.ranks.devices import resolve_devices
         from swarmd.seeds import init_seed
-        from swarmd.tasks.base import TaskContext
-        from swarmd.tasks.registry import resolve_task
+        from swarmd.tasks.registry import build_task
 
-        training = self.config.training
-        self._devices = resolve_devices(training)  # one per rank; rank 0 (this process) trains on the first
+        self._devices = resolve_devices(self.config.training)  # one per rank; rank 0 (this process) trains on the first
         device = self._devices[0]
         self.identity = dataclasses.replace(self.identity, device=str(device))
-        seed = init_seed(training.seed, self.config.run_id)
-        context = TaskContext(
-            state_dir=self.config.state_path, device=device, precision=training.precision,
-            batch_size=training.batch_size, seed=seed, rank=0, ranks=len(self._devices),
-        )
-        return resolve_task(self.config.task.name)(self.config.task.settings, context), device, seed
+        seed = init_seed(self.config.training.seed, self.config.run_id)
+        return build_task(self.config, device=device, seed=seed, ranks=len(self._devices)), device, seed
 
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_command, start_dht
         from swarmd.swarm.priority import background_priority
 
         self._set_state("joining")
-        validators = [v for extension in self.extensions for v in _guarded(extension.record_validators, self.view) or []]
+        validators = [v for extension in self.extensions for v in guarded(extension.record_validators, self.view) or []]
         with background_priority(self.config.daemon.background_priority):  # the DHT process and its p2pd
             dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
         self.dht = dht
@@ -205,30 +187,13 @@ class Daemon:
 
     async def _check_compatibility(self) -> None:
         """Before averaging anything: a peer whose model or must-agree settings differ from the swarm's stops here
-        with one line naming the difference (a config error, exit 2). Peers without a record (plain hivemind, or
-        none yet) do not count."""
-        from swarmd.swarm.compatibility import difference, swarm_reference
-        from swarmd.swarm.peer_records import PeerRecords
+        (a config error, exit 2; swarm/compatibility.py)."""
+        from swarmd.swarm.compatibility import check_against_swarm
 
-        records = PeerRecords(self.config.run_id)
-        for attempt in range(2 if self.config.network.initial_peers else 1):
-            try:
-                found = await asyncio.wait_for(records.fetch(self.dht), 10.0)
-            except Exception as e:  # noqa: BLE001 - the DHT is up; an unanswered read is no reason to stop
-                logger.warning("Could not read the swarm's peer records to compare configs (%r); going on", e)
-                return
-            others = [peer for peer in records.parse(found)[0] if peer["peer_id"] != self.identity.peer_id]
-            reference = swarm_reference(others)
-            if reference is not None:
-                break
-            if attempt == 0 and self.config.network.initial_peers:
-                await asyncio.sleep(1.0)  # records are stored every few seconds; the DHT may not have served one yet
-        else:
-            return
-        why = difference(reference, self.identity.compatibility or {})
-        if why:
-            raise ConfigError(why)
-        logger.info("This peer's model and settings match the swarm's (%d peer record(s))", len(others))
+        await check_against_swarm(
+            self.dht, self.config.run_id, self.identity.peer_id, self.identity.compatibility or {},
+            retry=bool(self.config.network.initial_peers),
+        )
         self._check_stop()
 
     def _build_optimizer(self, task, model, checkpoint) -> Runtime:
@@ -257,7 +222,7 @@ class Daemon:
         return self.runtime
 
     async def _start_ranks(self, task, model, device):
-        """Ranks 1..N-1 on the other devices (ranks/), connected before the first step; None for one rank."""
+        """Ranks 1..N-1 on the other devices (ranks/), connected before the first step; OneRank for one."""
         from swarmd.ranks.local import start_local_ranks
         from swarmd.seeds import peer_data_seed
 
@@ -265,7 +230,7 @@ class Daemon:
             self.config, devices=self._devices, model=model, init_seed=task.context.seed,
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
         )
-        if ranks is not None:
+        if len(ranks.devices) > 1:
             logger.info("Training on %d ranks: %s", len(ranks.devices), ", ".join(ranks.devices))
         self._check_stop()
         return ranks
@@ -274,11 +239,13 @@ class Daemon:
         from swarmd.seeds import peer_data_seed
         from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
+        from swarmd.daemon.checkpointer import checkpoint_details
+
         runtime = self.runtime
         save = None
         if self.checkpointer is not None:
             save = lambda: self.checkpointer.save(  # noqa: E731
-                runtime.model, runtime.optimizer, details=_checkpoint_details(runtime.stats.report()),
+                runtime.model, runtime.optimizer, details=checkpoint_details(runtime.stats.report()),
                 resume=runtime.worker.resume_point(),
             )
         worker = TrainingWorker(
@@ -306,7 +273,7 @@ class Daemon:
         worker = self.runtime.worker
         while not self._signals.requested.is_set():
             await self._tick()
-            dead = self.runtime.ranks.dead_rank() if self.runtime.ranks is not None else None
+            dead = self.runtime.ranks.dead_rank()
             if dead:
                 logger.error("Stopping: %s", dead)
                 self._exit_code = ExitCode.FAILURE
@@ -328,7 +295,7 @@ class Daemon:
             events.append(StepsFinished(tuple(steps)))
         for extension in self.extensions:
             for event in events:
-                _guarded(extension.on_event, event)
+                guarded(extension.on_event, event)
             try:
                 await extension.tick(self.view, snapshot)
             except Exception:  # noqa: BLE001 - an observer must not stop training
@@ -344,7 +311,7 @@ class Daemon:
             worker=runtime.stats.report() if runtime is not None else None,
             averaging=runtime.averaging_log.summary() if runtime is not None else None,
             checkpoint=self.checkpointer.info() if self.checkpointer is not None else None,
-            ranks=runtime.ranks.report() if runtime is not None and runtime.ranks is not None else None,
+            ranks=runtime.ranks.report() if runtime is not None else None,
         )
         for extension in self.extensions:
             try:
@@ -357,7 +324,7 @@ class Daemon:
     def _reload(self) -> None:
         """SIGHUP: each extension reads its changing settings again."""
         for extension in self.extensions:
-            _guarded(extension.reload, self.view)
+            guarded(extension.reload, self.view)
         self._refresh_snapshot()
 
     @property
@@ -377,18 +344,18 @@ class Daemon:
 
         self._set_state("stopping")
         for extension in self.extensions:
-            _guarded(extension.stopping, self.view)
+            guarded(extension.stopping, self.view)
         budget = self.config.daemon.shutdown_timeout
         deadline = time.monotonic() + budget
         remaining = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
 
         runtime = self.runtime
         if runtime is not None:
-            await self._stop_training(remaining)
+            await runtime.stop_training(remaining, final_save_needed=self._final_checkpoint_needed)
         if runtime is not None:
-            await _bounded("saying goodbye to the swarm", runtime.optimizer.shutdown, remaining)
+            await bounded("saying goodbye to the swarm", runtime.optimizer.shutdown, remaining)
         if self.dht is not None:
-            await _bounded("stopping the DHT", self._stop_dht, remaining)
+            await bounded("stopping the DHT", self._stop_dht, remaining)
         for extension in reversed(self.extensions):
             with contextlib.suppress(Exception):
                 await extension.close()
@@ -402,35 +369,8 @@ class Daemon:
         self._lock.release()
         logger.info("Stopped (exit code %d)", int(self._exit_code))
 
-    async def _stop_training(self, remaining) -> None:
-        """Stop the worker and the other ranks, then save: the live state after a clean stop, the worker's last
-        good state (its in-memory backup) when a rank died mid-step."""
-        runtime = self.runtime
-        stopped_cleanly = await self._stop_worker(remaining)
-        rank_died = runtime.ranks is not None and runtime.ranks.dead_rank() is not None
-        if runtime.ranks is not None:
-            await _bounded("stopping the other ranks", lambda: runtime.ranks.close(min(remaining(), 10.0)), remaining)
-        worker = runtime.worker
-        if rank_died and worker is not None and not worker.alive and worker.save_checkpoint is not None:
-            worker.restore_last_good_state()
-            await _bounded("saving the last good state", worker.save_checkpoint, remaining)
-        elif stopped_cleanly and self._final_checkpoint_needed():
-            await _bounded("saving the final checkpoint", worker.save_checkpoint, remaining)
-
-    async def _stop_worker(self, remaining) -> bool:
-        """True when the worker stopped cleanly in time (so its state can be saved)."""
-        worker = self.runtime.worker
-        if worker is None:
-            return False
-        worker.request_stop()
-        if not await asyncio.to_thread(worker.join, remaining() * 0.6):
-            logger.warning("The training step in progress did not finish in time: abandoning it")
-            return False
-        return worker.failure is None
-
     def _final_checkpoint_needed(self) -> bool:
-        worker = self.runtime.worker
-        if worker.save_checkpoint is None or not self.runtime.stats.report().steps_total:
+        if self.checkpointer is None or not self.runtime.stats.report().steps_total:
             return False  # checkpoints off, or nothing trained since start (or since the checkpoint we resumed from)
         if self.config.swarm.use_local_updates:
             return True  # parameters move every step
@@ -444,36 +384,6 @@ class Daemon:
     def _check_stop(self) -> None:
         if self._signals.requested.is_set():
             raise _StopDuringStartup()
-
-
-def _checkpoint_details(report) -> dict:
-    """What `swarmd export` reads from a checkpoint's manifest besides the weights."""
-    if report.evaluation is None:
-        return {}
-    epoch, metrics = report.evaluation
-    return {"last_evaluation": {"epoch": epoch, **metrics}}
-
-
-def _guarded(hook, *args):
-    """Call an extension hook; a failing observer is logged and skipped, never fatal."""
-    try:
-        return hook(*args)
-    except Exception:  # noqa: BLE001
-        logger.exception("%s failed", getattr(hook, "__qualname__", hook))
-        return None
-
-
-async def _bounded(what: str, function, remaining) -> None:
-    timeout = remaining()
-    if timeout <= 0:
-        logger.warning("No time left for %s", what)
-        return
-    try:
-        await asyncio.wait_for(asyncio.to_thread(function), timeout)
-    except asyncio.TimeoutError:
-        logger.warning("Gave up %s after %.0f s", what, timeout)
-    except Exception as e:  # noqa: BLE001 - shutdown goes on whatever one step does
-        logger.warning("Error while %s: %r", what, e)
 
 
 class _StopDuringStartup(Exception):

@@ -42,19 +42,14 @@ class StateKeeper:
         from swarmd.swarm.optimizer import _UpstreamRpcNames
         from swarmd.swarm.state_stream import DownloadsState
         from swarmd.swarm.strategy import strategy_of
-        from swarmd.tasks.base import TaskContext
-        from swarmd.tasks.registry import resolve_task
+        from swarmd.tasks.registry import build_task_for_the_model
 
         class _Downloader(_UpstreamRpcNames, DownloadsState, DecentralizedAverager):
             _upstream = TrainingStateAverager  # the name the peers' state averagers serve downloads under
             # (and DownloadsState: by the peers' state stream, swarm/state_stream.py, where they serve it)
 
         self.config, self.timeout = config, timeout
-        context = TaskContext(
-            state_dir=config.state_path, device=torch.device("cpu"), precision="fp32", batch_size=1, seed=0
-        )
-        self.task = resolve_task(config.task.name)(config.task.settings, context)
-        self.task.prepare()  # ALBERT needs its tokenizer, Swin its number of classes (as swarmd export)
+        self.task = build_task_for_the_model(config)
         self.model = self.task.build_model()
         self.parameters = [p for group in self.task.parameter_groups(self.model) for p in group["params"]]
         prefix = averager_prefix(config.run_id, strategy_of(config).state_suffix)

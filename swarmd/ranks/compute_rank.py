@@ -162,8 +162,7 @@ def _build_replica(config, *, rank: int, world_size: int, device: str, init_seed
     """(task, model, precision) of this rank: the task and model from the same config and init seed as rank 0's."""
     import torch
 
-    from swarmd.tasks.base import TaskContext
-    from swarmd.tasks.registry import resolve_task
+    from swarmd.tasks.registry import build_task
     from swarmd.worker.precision import make_precision
 
     if threads:
@@ -172,18 +171,7 @@ def _build_replica(config, *, rank: int, world_size: int, device: str, init_seed
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
     training = config.training
-    task = resolve_task(config.task.name)(
-        config.task.settings,
-        TaskContext(
-            state_dir=config.state_path,
-            device=torch_device,
-            precision=training.precision,
-            batch_size=training.batch_size,
-            seed=init_seed,
-            rank=rank,
-            ranks=world_size,
-        ),
-    )
+    task = build_task(config, device=torch_device, seed=init_seed, rank=rank, ranks=world_size)
     task.prepare()
     torch.manual_seed(init_seed)
     model = task.build_model().to(torch_device)

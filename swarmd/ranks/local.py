@@ -2,17 +2,19 @@
 
 One object on rank 0 (the daemon) over the pieces of this package: the process group (`RankGroup`, or
 `TorchrunGroup` when torchrun started the ranks), rank 0's end of the step protocol (`StepSync`) and the per-rank
-figures (`RankStats`). None of it exists for a one-rank peer: the worker then trains exactly as before.
+figures (`RankStats`). None of it exists for a one-rank peer: `OneRank` stands in for it, with nothing to lead,
+average, watch or stop, so the daemon and the worker have no one-rank branches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["LocalRanks", "start_local_ranks"]
+__all__ = ["LocalRanks", "OneRank", "start_local_ranks"]
 
 _CONNECT_TIMEOUT = 300.0  # every rank imports torch, builds the task and the model before it reports ready
 
@@ -46,8 +48,49 @@ class LocalRanks:
         return self.group.close(timeout)
 
 
-async def start_local_ranks(config, *, devices, model, init_seed: int, data_seed: int) -> Optional[LocalRanks]:
-    """Start and connect ranks 1..N-1 (or join torchrun's group); None for a one-rank peer.
+class _AloneInStep:
+    """StepSync's rank-0 end for a peer of one rank: the step is this rank's alone."""
+
+    def lead(self, **_) -> None:
+        pass
+
+    def abandon_step(self) -> None:
+        pass
+
+    def average_gradients(self, *, samples: int, loss: float):
+        from swarmd.ranks.step_sync import StepTotals
+
+        return StepTotals(samples=samples, loss=loss)
+
+
+class _NoRankStats:
+    def record(self, totals) -> None:
+        pass
+
+
+@dataclass
+class OneRank:
+    """A peer that trains on one device (this process): the null object of LocalRanks."""
+
+    devices: tuple = ()
+    sync: Any = dataclasses.field(default_factory=_AloneInStep)
+    stats: Any = dataclasses.field(default_factory=_NoRankStats)
+
+    def dead_rank(self) -> Optional[str]:
+        return None
+
+    def report(self) -> None:
+        return None  # the status shows no ranks
+
+    def stop(self) -> None:
+        pass
+
+    def close(self, timeout: float) -> bool:
+        return True
+
+
+async def start_local_ranks(config, *, devices, model, init_seed: int, data_seed: int) -> LocalRanks | OneRank:
+    """Start and connect ranks 1..N-1 (or join torchrun's group); OneRank for a one-rank peer.
 
     `start()` runs on the calling (main) thread: the children's PDEATHSIG follows the thread that forked them.
     A rank that cannot start raises RankFailure naming it (the daemon exits 1)."""
@@ -69,7 +112,7 @@ async def start_local_ranks(config, *, devices, model, init_seed: int, data_seed
             follower_timeout=follower_timeout, threads=config.training.threads,
         )
     else:
-        return None
+        return OneRank(tuple(str(device) for device in devices))
     group.start()
     try:
         await asyncio.to_thread(group.connect, _CONNECT_TIMEOUT)

@@ -62,3 +62,30 @@ def resolve_task(name: str) -> type:
     if not (isinstance(task_cls, type) and issubclass(task_cls, Task)):
         raise ConfigError(f"task {name!r} ({entry.target}) is not a swarmd.tasks.Task subclass")
     return task_cls
+
+
+def build_task(config, *, device, seed: int, rank: int = 0, ranks: int = 1):
+    """The run's task (`config.task`) to train with on `device`: the one place a training task is made (the
+    daemon's rank 0 and every other rank alike)."""
+    from swarmd.tasks.base import TaskContext
+
+    training = config.training
+    context = TaskContext(
+        state_dir=config.state_path, device=device, precision=training.precision, batch_size=training.batch_size,
+        seed=seed, rank=rank, ranks=ranks,
+    )
+    return resolve_task(config.task.name)(config.task.settings, context)
+
+
+def build_task_for_the_model(config):
+    """The run's task to build its model on the host, not to train (`swarmd export`, the monitor's keeper): cpu,
+    fp32, batch 1 (a run's batch may exceed the data the machine has), prepared (ALBERT needs its tokenizer, Swin
+    its number of classes)."""
+    import torch
+
+    from swarmd.tasks.base import TaskContext
+
+    context = TaskContext(state_dir=config.state_path, device=torch.device("cpu"), precision="fp32", batch_size=1, seed=0)
+    task = resolve_task(config.task.name)(config.task.settings, context)
+    task.prepare()
+    return task

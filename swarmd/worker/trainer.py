@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from swarmd.ranks.local import OneRank
 from swarmd.ranks.step_sync import RankFailure
 from swarmd.seeds import peer_data_seed  # re-exported: its callers knew it here
 from swarmd.swarm.optimizer import StateLoadFailed
@@ -111,7 +112,8 @@ class TrainingWorker:
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
         self.device = device
-        self.ranks = ranks  # ranks/local.py LocalRanks: the peer's other devices (None: this one only)
+        # ranks/local.py LocalRanks: the peer's other devices; OneRank (or None): this one only
+        self.ranks = ranks if ranks is not None else OneRank()
         self.auxiliary = settings.auxiliary
         self.reuse_grad_buffers = settings.reuse_grad_buffers
         self.precision = (
@@ -166,8 +168,7 @@ class TrainingWorker:
                 self._assist()
             else:
                 self._train()
-            if self.ranks is not None:
-                self.ranks.stop()
+            self.ranks.stop()
             self.stats.set_phase("stopped")
         except BaseException as e:  # noqa: BLE001 - reported to the daemon, which exits 1
             logger.exception("The training worker failed: %s", e)
@@ -241,8 +242,7 @@ class TrainingWorker:
                 self._step(batches)
                 consecutive_failures = 0
             except StopIteration:
-                if self.ranks is not None:
-                    self.ranks.sync.abandon_step()  # the data ended after the lead: let the ranks finish the step
+                self.ranks.sync.abandon_step()  # the data ended after the lead: let the ranks finish the step
                 raise
             except (KeyboardInterrupt, RankFailure):
                 raise  # a rank that died or hung is not retried: the daemon stops and systemd restarts the peer
@@ -251,8 +251,7 @@ class TrainingWorker:
                 self.stats.begin("pausing after a failed state download", 5.0)
                 self._stop.wait(5.0)
             except Exception as e:  # noqa: BLE001 - a failing step is survivable up to a bound
-                if self.ranks is not None:
-                    self.ranks.sync.abandon_step()  # the other ranks finish the step's collectives with us
+                self.ranks.sync.abandon_step()  # the other ranks finish the step's collectives with us
                 consecutive_failures += 1
                 failures_since_start += 1
                 self.stats.record_failure(e)
@@ -315,11 +314,10 @@ class TrainingWorker:
 
     def _step(self, batches: Iterator) -> None:
         started = time.perf_counter()
-        if self.ranks is not None:  # the ranks step with us, on rank 0's parameters
-            self.ranks.sync.lead(
-                params_version=self._parameters_version(), epoch=self.optimizer.local_epoch,
-                loss_scale=self.precision.loss_scale() or 1.0,
-            )
+        self.ranks.sync.lead(  # the ranks step with us, on rank 0's parameters
+            params_version=self._parameters_version(), epoch=self.optimizer.local_epoch,
+            loss_scale=self.precision.loss_scale() or 1.0,
+        )
         # The batch after the lead, as the other ranks take theirs: taken before it, it made them start and finish
         # each step one batch later than this rank, and both waited that long every step (docs/RANKS.md).
         loading = time.perf_counter()
@@ -332,10 +330,10 @@ class TrainingWorker:
         self.precision.backward(loss)
 
         loss_value, samples = float(loss.detach().float().item()), output.batch_size
-        if self.ranks is not None:  # .grad becomes the mean over the ranks; hivemind gets the peer's whole batch
-            totals = self.ranks.sync.average_gradients(samples=samples, loss=loss_value)
-            loss_value, samples = totals.loss, totals.samples
-            self.ranks.stats.record(totals)
+        # .grad becomes the mean over the ranks; hivemind gets the peer's whole batch
+        totals = self.ranks.sync.average_gradients(samples=samples, loss=loss_value)
+        loss_value, samples = totals.loss, totals.samples
+        self.ranks.stats.record(totals)
         epoch_before = self.optimizer.local_epoch
         self.stats.begin("optimizer step", self.settings.step_budget)
         optimizer_started = time.perf_counter()
