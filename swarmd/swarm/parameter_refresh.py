@@ -3,7 +3,7 @@
 Why: hivemind lets a peer train only within one epoch of the swarm. When the swarm's epoch is shorter than a state
 download (the parameters and Adam's two statistics: three times the parameters' bytes), every download ends two or
 more epochs behind and upstream sends the peer back for another whole one, which ends behind as well: the join
-"chases" the swarm (docs/PERFORMANCE.md section 5: 3 to 17 downloads in one join on loopback). The parameters alone
+"chases" the swarm (docs/PERFORMANCE.md section 5: up to 13 downloads in one join on loopback). The parameters alone
 are a third of the bytes and of the CPU, so they arrive within an epoch where the whole state did not.
 
 What the peer then holds: the swarm's parameters of that epoch, with the optimizer statistics of its first

@@ -5,7 +5,7 @@ team of threads, which stay alive in its pool. As soon as more OpenMP threads ex
 spin-waiting between parallel regions ("throttled" spin, 100 iterations) and its threads sleep on a futex
 instead, so every small kernel pays a wake-up. hivemind runs the optimizer step and the averaging bookkeeping on
 its own threads, the daemon builds the model on others: with torch's default, their teams pushed the training
-step of a 2-core peer from 520 to 340 samples/s (benchmarks/solo_overhead.py, docs/PERFORMANCE.md).
+step of a 2-core peer down by a third (measured with benchmarks/solo_overhead.py when this was fixed).
 
 So the process-wide setting is one thread (every thread initialises its OpenMP thread count from it on first
 use), and the worker alone raises its own, thread-local, OpenMP count to N, and MKL's (the matrix products),
