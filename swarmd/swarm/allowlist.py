@@ -35,6 +35,15 @@ logger = logging.getLogger("swarmd.private")
 # downloading the state, being downloaded from (its offer of its state, state_stream.py), reachability probes.
 # The order is the order of the shared counters.
 WHERE = ("dht_records", "join_group", "aggregate_part", "download_state", "state_source", "reachability")
+_HINTS = {
+    # a record names its writer by the key that signed it: a swarmd peer of a private run signs with its identity
+    # key (the id is then its peer id), any other peer with a random key, whose id names no peer anyone knows
+    "dht_records": " (the id of the key that signed its record: a peer that runs without network.allowed_peers "
+    "signs with a random key, so this id may match no peer id you know)",
+    "state_source": " (it offered its state to download; not taken)",
+}
+
+
 class AllowList:
     """The effective list, shared by the daemon and the hivemind processes forked from it (see the module doc)."""
 
@@ -86,7 +95,8 @@ class AllowList:
                 self._counts[WHERE.index(where)] += 1
         if (peer_id, where) not in self._logged:
             self._logged.add((peer_id, where))
-            logger.warning("Refused peer %s (%s): it is not in network.allowed_peers", peer_id, where.replace("_", " "))
+            logger.warning("Refused peer %s (%s): it is not in network.allowed_peers%s", peer_id,
+                           where.replace("_", " "), _HINTS.get(where, ""))
         return False
 
     def refusals(self) -> dict[str, int]:

@@ -43,7 +43,7 @@ from swarmd.swarm.partial_rounds import missing_share
 from swarmd.swarm.state_stream import shared_copy
 from swarmd.swarm.progress import ThrottledProgressTracker
 
-__all__ = ["SwarmOptimizer", "StateLoadFailed", "build_sync_optimizer", "implausible_average"]
+__all__ = ["SwarmOptimizer", "StateLoadFailed", "StateRefused", "build_sync_optimizer", "implausible_average"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ MAX_REFRESHES_PER_DOWNLOAD = 3
 
 class StateLoadFailed(RuntimeError):
     """Downloading the swarm's state failed `load_state_attempts` times in a row."""
+
+
+class StateRefused(StateLoadFailed):
+    """Every peer that offers its state refused to send it (not retried: the next attempt would be refused too)."""
 
 
 class _RecordsRounds(AdmitsAllowedPeers):
@@ -715,21 +719,31 @@ class SwarmOptimizer(Optimizer):
             self.state_averager.allow_state_sharing = not self.catching_up
 
     def _download_state_bounded(self, **kwargs) -> None:
-        """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed."""
+        """The averagers' downloads, `load_state_attempts` tries; raises StateLoadFailed (StateRefused when every
+        peer that offers its state refused it)."""
         for attempt in range(1, self.load_state_attempts + 1):
+            loads, refusals = self.state_loads_total, self.state_averager.download_refusals.value
             try:
                 # Upstream then downloads the gradient averager's "state" too (its gradient buffers: the
                 # parameters' size again), which DecentralizedAverager.load_state_from_peers only returns, and
                 # nobody applies (the accumulators are reset right after): not asked for here, nor served
                 # (_AdmittingGradientAverager).
                 self.state_averager.load_state_from_peers(timeout=self.load_state_timeout, **kwargs)
-                return
             except KeyboardInterrupt:
                 raise
             except BaseException as e:
                 logger.warning(
                     "Downloading state from peers failed (attempt %d/%d): %r", attempt, self.load_state_attempts, e
                 )
+                continue
+            refused = self.state_averager.download_refusals.value - refusals
+            if self.state_loads_total == loads and refused:
+                raise StateRefused(
+                    f"every peer that offers the swarm's state refused to send it ({refused} peer(s)): in a private "
+                    f"swarm this peer ({self.dht.peer_id}) must be on network.allowed_peers; ask the run's operator "
+                    "to add it"
+                )
+            return
         raise StateLoadFailed(f"could not download the swarm's state in {self.load_state_attempts} attempts")
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import multiprocessing as mp
 import random
 import time
 from typing import Optional
@@ -92,6 +93,9 @@ class DownloadsState:
 
     def __init__(self, *args, download_by_stream: bool = True, **kwargs):
         self.download_by_stream = download_by_stream  # before upstream's __init__, which may start the process
+        # peers that refused to send their state, counted in the averager's process, read by the host: a download
+        # that every peer refused is told apart from one that found nobody (a private swarm's outsider is refused)
+        self.download_refusals = mp.Value("q", 0)
         super().__init__(*args, **kwargs)
 
     # --- serving (the averager's process) --------------------------------------------------------------------
@@ -157,6 +161,8 @@ class DownloadsState:
                     continue
                 if loaded is None:
                     logger.debug("Peer %s did not send its %s (refused)", peer, kind)
+                    with self.download_refusals.get_lock():
+                        self.download_refusals.value += 1
                     continue
                 megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
                 seconds = time.perf_counter() - waits.began

@@ -193,7 +193,11 @@ class TrainingWorker:
             try:
                 self.stats.begin("downloading the swarm's state", self.settings.download_budget)
                 self.optimizer.load_state_from_peers()
-                logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
+                if tracker.global_epoch - self.optimizer.local_epoch > 1:  # what came is older than the swarm
+                    logger.warning("Took a state of epoch %d, the swarm is at epoch %d: training on to catch up",
+                                   self.optimizer.local_epoch, tracker.global_epoch)
+                else:
+                    logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
             except StateLoadFailed as e:
                 logger.warning("%s; training on from the local state, hivemind will retry", e)
         self._take_backup()

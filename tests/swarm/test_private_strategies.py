@@ -80,6 +80,8 @@ def _wait_for(condition, what: str, timeout: float = 30.0):
 
 @pytest.mark.parametrize("strategy", list(SETTINGS))
 def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tmp_path, strategy):
+    """The insider neither takes the outsider's state nor lets it into a round; the outsider, refused, is told why
+    and what to do, with its own peer id (issue 32)."""
     from swarmd.swarm.initial_state import offered_states
 
     run_id = f"private-{strategy.replace(' ', '').replace(',', '-')}"
@@ -112,12 +114,20 @@ def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tm
 
         # the outsider's offer reaches the insider (its DHT has no gate here), and is not taken
         key = f"{insider.state_averager.prefix}.all_averagers"
-        _wait_for(lambda: outsider_dht.peer_id.to_bytes() in ((insider_dht.get(key, latest=True) or _Empty).value or {}),
-                  "the outsider's offer of its state")
+        _wait_for(lambda: _offers(insider_dht, key, outsider_dht.peer_id), "the outsider's offer of its state")
         assert offered_states(insider) == {}
         insider.state_averager.load_state_from_peers(timeout=5.0)
         assert insider.state_loads_total == 0
         assert allow_list.refusals()["state_source"] >= 1
+
+        # the outsider, asking the insider for its state, is refused, and told why and what to do
+        from swarmd.swarm.optimizer import StateRefused
+
+        _wait_for(lambda: _offers(outsider_dht, key, insider_dht.peer_id), "the insider's offer of its state")
+        expected = rf"this peer \({outsider_dht.peer_id}\) must be on network.allowed_peers"
+        with pytest.raises(StateRefused, match=expected):
+            outsider._download_state_bounded()
+        assert allow_list.refusals()["download_state"] >= 1
 
         # listed, the outsider is asked: the same download goes through
         allow_list.publish([outsider_dht.peer_id.to_base58()])
@@ -133,5 +143,7 @@ def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tm
         insider_dht.shutdown()
 
 
-class _Empty:
-    value = None
+def _offers(dht, key: str, peer_id) -> bool:
+    """Whether `dht` sees `peer_id` offering its state under `key`."""
+    found = dht.get(key, latest=True)
+    return found is not None and isinstance(found.value, dict) and peer_id.to_bytes() in found.value
