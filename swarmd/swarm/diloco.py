@@ -115,20 +115,12 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.overlap_steps = overlap_steps
         self.overlap_mixing = overlap_mixing
         self._send_step = inner_steps - overlap_steps
-        self._sent_round: Optional[SentRound] = None  # sent at the send step, in flight until the H-th
         self.max_straggler_wait = max_straggler_wait
         self.prescheduled_outer_rounds = prescheduled_outer_rounds
-        # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
-        self._scheduled_round: Optional[tuple[int, StepControl]] = None
-        self.prescheduled_rounds_total = 0  # outer rounds whose group was being formed when their H-th step came
-        self._eta_refreshed_at_epoch: Optional[int] = None
         self.diloco_average_state_every = average_state_every
         self.state_check_tolerance = state_check_tolerance
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
-        self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
-        # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
-        self._apart_from_swarm = False
-        self._downloads_since_outer_step = 0
+        self._start_round_bookkeeping()
 
         super().__init__(
             averaging_log=averaging_log,
@@ -154,6 +146,18 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self.outer_averager = OuterAverager.beside(
                 self, self._outer_parameters(), grad_compression, **self._grad_averager_opts
             )
+
+    def _start_round_bookkeeping(self) -> None:
+        """What the outer rounds keep from one inner step to the next, before the first."""
+        self._sent_round: Optional[SentRound] = None  # sent at the send step, in flight until the H-th
+        # (outer step, control) of the outer round whose matchmaking began before the H-th inner step
+        self._scheduled_round: Optional[tuple[int, StepControl]] = None
+        self.prescheduled_rounds_total = 0  # outer rounds whose group was being formed when their H-th step came
+        self._eta_refreshed_at_epoch: Optional[int] = None
+        self._round_samples = 0  # samples this peer contributed to the current round: its averaging weight
+        # set when this peer stepped on its own pseudo-gradient: its outer state may now differ from the others'
+        self._apart_from_swarm = False
+        self._downloads_since_outer_step = 0
 
     def _attach_inner_optimizer(self, inner_optimizer, inner_scheduler: Optional[Callable]) -> None:
         """The inner optimizer works on the model's parameters themselves; the state averager holds it with its
