@@ -19,6 +19,8 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
+from swarmd.swarm.process_patches import sign_records_with
+
 __all__ = ["load_or_create_identity", "created_here", "peer_id_of_owner"]
 
 _created: set[str] = set()
@@ -34,11 +36,7 @@ def load_or_create_identity(path: Path) -> str:
     key_data = crypto_pb2.PrivateKey.FromString(data).data
     key = RSAPrivateKey.__new__(RSAPrivateKey)  # RSAPrivateKey() would generate a fresh key
     key._private_key = serialization.load_der_private_key(key_data, password=None)
-    current = RSAPrivateKey._process_wide_key
-    if current is not None and current.to_bytes() != key.to_bytes():
-        # a validator already signs with another key: records would not name this peer
-        raise RuntimeError("hivemind's process-wide key was created before the identity was loaded")
-    RSAPrivateKey._process_wide_key = key
+    sign_records_with(key)
     return PeerID.from_identity(data).to_base58()
 
 

@@ -25,7 +25,6 @@ import functools
 
 import numpy as np
 import torch
-from hivemind.compression import serialization
 from hivemind.compression.quantization import (
     BlockwiseQuantization,
     Quantile8BitQuantization,
@@ -33,6 +32,8 @@ from hivemind.compression.quantization import (
     Uniform8BitQuantization,
 )
 from hivemind.proto import runtime_pb2
+
+from swarmd.swarm.process_patches import register_codecs
 
 __all__ = ["Blockwise8Bit", "Quantile8Bit", "Uniform8Bit", "register_fixed_quantizers"]
 
@@ -138,6 +139,5 @@ _FIXED = {
 
 def register_fixed_quantizers() -> None:
     """Make hivemind encode and decode the 8-bit types with the classes above, in this process and its forks."""
-    for name, codec in _FIXED.items():
-        serialization._BASE_COMPRESSION_TYPES[name] = codec
+    register_codecs(_FIXED)
 

@@ -168,12 +168,12 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     # --- keys and signatures (hivemind/utils/crypto.py, dht/crypto.py) -------------------------------------------
     (RSASignatureValidator, "_PUBLIC_KEY_RE", "attribute", ()),  # record_gate, peer_records
     (RSASignatureValidator, "__init__", "source", ("RSAPrivateKey.process_wide()",)),  # identity
-    (RSAPrivateKey, "_process_wide_key", "attribute", ()),  # identity (writes it)
+    (RSAPrivateKey, "_process_wide_key", "attribute", ()),  # process_patches (writes it; identity loads the key)
     (RSAPrivateKey, "_private_key", "attribute", ()),  # identity (writes it)
     (RSAPublicKey, "_public_key", "attribute", ()),  # identity
 
     # --- compression (hivemind/compression/serialization.py, quantization.py) ------------------------------------
-    (serialization, "_BASE_COMPRESSION_TYPES", "module attribute", ("UNIFORM_8BIT", "QUANTILE_8BIT", "BLOCKWISE_8BIT")),  # quantization
+    (serialization, "_BASE_COMPRESSION_TYPES", "module attribute", ("UNIFORM_8BIT", "QUANTILE_8BIT", "BLOCKWISE_8BIT")),  # process_patches (writes it; quantization owns the codecs)
     (serialization, "deserialize_torch_tensor", "source", ("_BASE_COMPRESSION_TYPES[",)),  # quantization
     (quantization, "_BLOCKWISE_QUANTIZATION_BLOCKSIZE", "module attribute", (4096,)),  # quantization: its BLOCK_SIZE
     (Quantization, "extract", "method", ("serialized_tensor",)),  # quantization
