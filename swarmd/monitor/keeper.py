@@ -39,12 +39,12 @@ class StateKeeper:
 
         from swarmd.checkpoints.store import CheckpointStore
         from swarmd.swarm.averager_keys import averager_prefix
-        from swarmd.swarm.optimizer import _UpstreamRpcNames
+        from swarmd.swarm.upstream_names import UpstreamRpcNames
         from swarmd.swarm.state_stream import DownloadsState
         from swarmd.swarm.strategy import strategy_of
         from swarmd.tasks.registry import build_task_for_the_model
 
-        class _Downloader(_UpstreamRpcNames, DownloadsState, DecentralizedAverager):
+        class _Downloader(UpstreamRpcNames, DownloadsState, DecentralizedAverager):
             _upstream = TrainingStateAverager  # the name the peers' state averagers serve downloads under
             # (and DownloadsState: by the peers' state stream, swarm/state_stream.py, where they serve it)
 

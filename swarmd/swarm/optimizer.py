@@ -41,6 +41,7 @@ from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.partial_rounds import missing_share
 from swarmd.swarm.state_stream import shared_copy
+from swarmd.swarm.upstream_names import UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = ["SwarmOptimizer", "StateLoadFailed", "StateRefused", "build_sync_optimizer", "implausible_average"]
@@ -116,19 +117,7 @@ class _RecordsRounds(AdmitsAllowedPeers):
         return loaded
 
 
-class _UpstreamRpcNames:
-    """hivemind names RPC handlers after the servicer's class (`TrainingStateAverager.rpc_download_state`), so a
-    subclass would speak a protocol no other peer answers: not plain hivemind peers, nor swarmd peers that use
-    the upstream class (e.g. with the gradient guard off). Subclasses keep their parent's names."""
-
-    _upstream: type
-
-    @classmethod
-    def _get_handle_name(cls, namespace, method_name):
-        return cls._upstream._get_handle_name(namespace, method_name)
-
-
-class _ObservedStateAverager(_UpstreamRpcNames, ServesParameters, TrainingStateAverager, _RecordsRounds):
+class _ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAverager, _RecordsRounds):
     _upstream = TrainingStateAverager
 
     def __init__(self, *, averaging_log: AveragingLog, on_state_loaded: Callable[[], None], **kwargs):
@@ -237,7 +226,7 @@ class _ObservedStateAverager(_UpstreamRpcNames, ServesParameters, TrainingStateA
         )
 
 
-class _AdmittingGradientAverager(_UpstreamRpcNames, GradientAverager, AdmitsAllowedPeers):
+class _AdmittingGradientAverager(UpstreamRpcNames, GradientAverager, AdmitsAllowedPeers):
     """hivemind's gradient averager behind the private swarm's gate (swarm/averager_gate.py), with a weight of its
     own while this peer catches up by averaging (upstream weighs a round by the samples accumulated)."""
 

@@ -18,7 +18,7 @@ from hivemind.utils import get_dht_time
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.digests import update_with_bytes
-from swarmd.swarm.optimizer import _UpstreamRpcNames
+from swarmd.swarm.upstream_names import UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-class OuterAverager(_UpstreamRpcNames, AdmitsAllowedPeers):
+class OuterAverager(UpstreamRpcNames, AdmitsAllowedPeers):
     """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
     which also says when a round returned only part of the average (swarm/partial_rounds.py)."""
 

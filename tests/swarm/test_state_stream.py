@@ -12,13 +12,13 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
 from swarmd.swarm.dht_process import ToleratesExitedCallers
-from swarmd.swarm.optimizer import _UpstreamRpcNames
+from swarmd.swarm.upstream_names import UpstreamRpcNames
 from swarmd.swarm.state_stream import DownloadsState
 
 pytestmark = pytest.mark.timeout(180)
 
 
-class StreamingAverager(_UpstreamRpcNames, DownloadsState, DecentralizedAverager):
+class StreamingAverager(UpstreamRpcNames, DownloadsState, DecentralizedAverager):
     _upstream = DecentralizedAverager  # hivemind's RPC names, which a plain peer serves
     _rpc_handlers = None
 

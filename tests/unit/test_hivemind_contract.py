@@ -87,7 +87,7 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "rpc_download_state", "method", ("_request", "_context")),  # averager_gate
 
     # --- ServicerBase (hivemind/p2p/servicer.py): the averagers' RPC handlers ------------------------------------
-    (ServicerBase, "_get_handle_name", "method", ("namespace", "method_name")),  # optimizer._UpstreamRpcNames
+    (ServicerBase, "_get_handle_name", "method", ("namespace", "method_name")),  # upstream_names.UpstreamRpcNames
     (ServicerBase, "_rpc_handlers", "attribute", ()),  # parameter_refresh: reset per class
     (ServicerBase, "_stub_type", "attribute", ()),  # parameter_refresh: reset per class
     (ServicerBase, "_collect_rpc_handlers", "source", ("cls._rpc_handlers is not None", 'startswith("rpc_")')),  # parameter_refresh

@@ -80,9 +80,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "move_to_device; moving compute_rank out of ranks/ renames `python -m swarmd.ranks.compute_rank`",
     ("swarmd.ranks.compute_rank", "swarmd.worker.precision"):
         "compute_rank (see above) builds the same mixed-precision context as the worker (make_precision)",
-    ("swarmd.monitor.keeper", "swarmd.swarm.optimizer"):
-        "the keeper's downloader borrows the RPC-name mixin _UpstreamRpcNames that lives in swarm/optimizer.py; "
-        "moving that mixin into a small swarm module removes this",
 }
 """(module, imported module) -> why this edge is allowed for now: known violations of the table."""
 
