@@ -319,7 +319,7 @@ class SwarmOptimizer(Optimizer):
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
         if not kwargs.get("use_local_updates"):
             # gated in a private swarm, and keeping this peer's own contribution: what the guard judges the average
-            # against, and what a failed or partial round falls back to (_load_local_gradients_into_optimizer)
+            # against, and what a failed or partial round falls back to (_step_on_own_contribution)
             kwargs.setdefault("grad_averager_factory", _GradientAveragerKeepingOwn)
         self.state_loads_total = 0
         self.last_state_load_time: Optional[float] = None
@@ -477,7 +477,7 @@ class SwarmOptimizer(Optimizer):
                 "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
                 epoch=self.local_epoch, error=repr(e),
             )
-            self._load_local_gradients_into_optimizer()
+            self._step_on_own_contribution()
             return
         if implausible:
             logger.warning("Rejected the averaged gradients (%s); this epoch uses local gradients", implausible)
@@ -500,18 +500,17 @@ class SwarmOptimizer(Optimizer):
             error=f"{missing:.1%} of the average did not arrive",
         )
         self.state_averager.resync_requested = True
-        self._load_local_gradients_into_optimizer()
+        self._step_on_own_contribution()
 
-    def _load_local_gradients_into_optimizer(self) -> None:
-        """Upstream's fallback to the local gradient reloads the accumulators, which the round's start has already
-        reset (GradientAverager.step): it would step on zeros. After a round began, take the copy of what this peer
-        contributed to it instead."""
-        own = getattr(self.grad_averager, "own_gradients", None)
-        if own is not None and self.grad_averager.local_times_accumulated == 0:
-            self._replace_average_with_own_gradients()
-            self._load_averaged_gradients_into_optimizer_()
-        else:
-            super()._load_local_gradients_into_optimizer()
+    def _step_on_own_contribution(self) -> None:
+        """After a round that began and failed (or came back in part): the gradient this peer contributed to it, kept
+        when the round began. Upstream's fallback (_load_local_gradients_into_optimizer) reloads the accumulators,
+        which the round's start has already reset (GradientAverager.step): it would step on zeros."""
+        if getattr(self.grad_averager, "own_gradients", None) is None:
+            self._load_local_gradients_into_optimizer()  # not a swarmd gradient averager: upstream's way
+            return
+        self._replace_average_with_own_gradients()
+        self._load_averaged_gradients_into_optimizer_()
 
     def _implausible_average(self) -> str:
         """Why the averaged gradient cannot be trusted, or "" if it can.
