@@ -1,9 +1,10 @@
-"""The /metrics endpoint: an extension serving the daemon's own registry over HTTP.
+"""The /metrics endpoint: an extension serving the daemon's own registry over HTTP, and the peer's web page.
 
-prometheus_client's server runs in a thread of its own, so a scrape never waits on (or stalls) the event loop: it
-reads the latest snapshot the loop built. It starts before the heavy start-up, so a daemon that is still joining
-already answers (state, info). A port that cannot be bound is a warning, not a failed start: metrics are an
-observer and training goes on without.
+The same port answers `/` with the peer's own page and `/api/status` with its snapshot (swarmd/web/app.py).
+The HTTP server (swarmd/web/server.py) runs in a thread of its own, so a scrape or a page never waits on (or
+stalls) the event loop: it reads the latest snapshot the loop built. It starts before the heavy start-up, so a
+daemon that is still joining already answers (state, info). A port that cannot be bound is a warning, not a failed
+start: metrics are an observer and training goes on without.
 """
 
 from __future__ import annotations
@@ -35,17 +36,20 @@ class MetricsExtension(Extension):
         self._traffic = None  # p2pd's TCP counters (metrics/netstat.py), read at each tick into the snapshot
 
     async def start(self, view: DaemonView) -> None:
-        from prometheus_client import disable_created_metrics, start_http_server
+        from prometheus_client import disable_created_metrics, make_wsgi_app
 
         from swarmd.metrics.collector import SwarmdMetrics
         from swarmd.metrics.netstat import P2pdProcesses, TcpTraffic
+        from swarmd.web.app import PeerApp
+        from swarmd.web.server import serve
 
         disable_created_metrics()  # no `_created` series: noise on every dashboard (this process exports only ours)
         host, port = split_listen_address(self.listen)
         self._traffic = TcpTraffic(P2pdProcesses())
         try:
             self.metrics = SwarmdMetrics(view.snapshot)
-            self._server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
+            app = PeerApp(view.snapshot, metrics_app=make_wsgi_app(self.metrics.registry))
+            self._server, _thread = serve(app, host, port)
         except OSError as e:
             self.error = f"cannot listen on {self.listen}: {e.strerror or e}"
             logger.warning(
@@ -59,7 +63,7 @@ class MetricsExtension(Extension):
             return
         bound_port = self._server.server_port
         self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
-        logger.info("Prometheus metrics at http://%s/metrics", self.address)
+        logger.info("Prometheus metrics at http://%s/metrics, this peer's page at http://%s/", self.address, self.address)
 
     def on_event(self, event: Event) -> None:
         if self.metrics is None:

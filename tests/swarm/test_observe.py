@@ -134,6 +134,24 @@ def test_each_peer_lists_both_from_the_dht_records(swarm, light_env):
             assert 0 <= record["last_seen_seconds"] < 30
 
 
+def test_each_peer_serves_its_page_on_the_metrics_port(swarm):
+    import urllib.request
+
+    from html_page import Page  # tests/html_page.py
+
+    for peer in swarm:
+        peer.wait_status(lambda s: len(s["peers"]) == 2 and s["recent_averaging"], timeout=60, what="peers and rounds")
+        address = peer.status()["metrics_address"]
+        with urllib.request.urlopen(f"http://{address}/", timeout=10) as response:
+            page = Page(response.read().decode())
+        assert page.items["run"] == RUN_ID and page.items["strategy"] == "sync"
+        assert sorted(row[0].split(" (this peer)")[0] for row in page.tables["peers"]) == ["first", "second"]
+        assert any(row[2:5] == ["gradients", "success", "2"] for row in page.tables["rounds"])
+        with urllib.request.urlopen(f"http://{address}/api/status", timeout=10) as response:
+            served = json.loads(response.read())
+        assert served["peer_id"] == peer.status()["peer_id"] and served["public_name"] == peer.name
+
+
 def test_status_once_draws_the_epoch_bar_and_the_peers(swarm, light_env):
     from rich.console import Console
 

@@ -1,6 +1,6 @@
 """Every averaging outcome reaches every surface: status JSON, the status view, /metrics, the peer record, the
-systemd STATUS line and the progress log, and the README's metrics table. A new outcome in swarm/outcomes.py
-that one surface drops fails here."""
+systemd STATUS line and the progress log, the web page, and the README's metrics table. A new outcome in
+swarm/outcomes.py that one surface drops fails here."""
 
 import json
 import re
@@ -19,6 +19,7 @@ from swarmd.status.snapshot import Identity, build_snapshot, progress_line
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.outcomes import FAILED_OUTCOMES, KINDS, OUTCOMES
 from swarmd.swarm.peer_records import record_from_snapshot
+from swarmd.web.views import round_rows
 
 PEER_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 IDENTITY = Identity(
@@ -67,6 +68,9 @@ def test_an_outcome_reaches_every_surface(kind, outcome):
 
     assert f"last round: {kind} {outcome} with" in progress_line(snapshot)
     assert f"last round: {kind} {outcome} with" in status_line(snapshot)
+
+    [row] = round_rows(snapshot.to_dict())  # the page's rounds table (swarmd/web/), failed ones marked
+    assert (row.kind, row.outcome, row.failed) == (kind, outcome, outcome in FAILED_OUTCOMES)
 
 
 def test_every_outcome_is_in_the_readme_metrics_table():

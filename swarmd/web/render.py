@@ -1,0 +1,49 @@
+"""The HTML of the pages, rendered on the server with Jinja2 from a snapshot dict.
+
+Autoescape is on for every template (a peer's name is chosen by a stranger), and no peer string is ever placed
+inside a <script>: the page's script reads the same snapshot as JSON from api/status.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from swarmd import __version__
+from swarmd.web.views import CHARTS, page_title, peer_rows, round_rows, run_items
+
+__all__ = ["render_peer_page", "TEMPLATES"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+@functools.lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,  # a misspelt field fails the tests instead of printing nothing
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_peer_page(snapshot: Mapping[str, Any], *, now: Optional[float] = None) -> str:
+    """The daemon's own page: its run, its view of the swarm's peers, its curves and its recent rounds."""
+    now = time.time() if now is None else now
+    return _environment().get_template("peer.html").render(
+        title=page_title(snapshot),
+        name=str(snapshot.get("public_name") or snapshot.get("peer_id") or "swarmd"),
+        run_id=str(snapshot.get("run_id") or ""),
+        peer_id=str(snapshot.get("peer_id") or ""),
+        rendered=time.strftime("%H:%M:%S UTC", time.gmtime(now)),
+        items=run_items(snapshot),
+        charts=CHARTS,
+        peers=peer_rows(snapshot),
+        rounds=round_rows(snapshot, now=now),
+        version=__version__,
+    )
