@@ -6,10 +6,13 @@
     OUT/swarmd-config.yaml       the effective swarmd config the model was rebuilt with
     OUT/swarmd-export.json       what it is: run, task, global epoch, checkpoint, versions, how to load it
 
-The checkpoint holds weights only, so the model is rebuilt from the config (the task's `build_model`), checked
-against the checkpoint (task, run, tensor names and shapes: a config that describes another model is one line,
-not a traceback) and filled with its weights; then the task writes it out. Everything is written into a hidden
-folder beside OUT that is renamed into place at the end, so an export that fails half-way leaves OUT as it was.
+The checkpoint holds the weights and the config it was trained with (`SwarmdConfig.run_record`: run_id, task,
+swarm, training; older checkpoints have none), so the model is rebuilt from that config, or from the one given
+(the task's `build_model`), checked against the checkpoint (task, run, tensor names and shapes: a config that
+describes another model is one line, not a traceback) and filled with its weights; then the task writes it out.
+Everything is written into a hidden folder beside OUT that is renamed into place at the end, so an export that
+fails half-way leaves OUT as it was; its files are 0644 and its folders 0755 whatever wrote them (safetensors
+writes 0600, the staging folder is 0700), so the export can be shared as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from swarmd.checkpoints.store import fsync_path
 from swarmd.errors import ConfigError, SwarmdError
@@ -43,17 +46,32 @@ class ExportResult:
     task: str
     load: str  # how to load it, with DIR standing for the output directory
     skipped: tuple[str, ...] = ()  # why newer checkpoints were passed over (damaged)
+    recorded_config: bool = False  # rebuilt with the config the checkpoint recorded (no config was given)
 
 
-def export_checkpoint(config, output: Path, *, checkpoint: Optional[str] = None, force: bool = False) -> ExportResult:
-    """Export `checkpoint` (default: the newest that verifies) of `config.state_dir` into `output`.
+def export_checkpoint(
+    config,
+    output: Path,
+    *,
+    checkpoint: Optional[str] = None,
+    force: bool = False,
+    with_recorded: Optional[Callable[[dict, str], Any]] = None,
+) -> ExportResult:
+    """Export `checkpoint` (default: the newest that verifies) of `config.checkpoint_path` into `output`.
 
-    `config` is a loaded SwarmdConfig: the one the run was trained with. Raises ConfigError for bad input (no
-    checkpoint, a config of another task, run or model, an output in the way), SwarmdError when writing fails.
+    `config` is a loaded SwarmdConfig: the one the run was trained with, or, with `with_recorded`, the one that
+    says where the checkpoints are. `with_recorded(recorded, source)`, for a caller given no config of the run:
+    returns the config to export with from the one the checkpoint recorded (`source` names the checkpoint), e.g.
+    loaded as a layer under the command line's settings; a checkpoint that recorded none is exported with `config`.
+    Raises ConfigError for bad input (no checkpoint, a config of another task, run or model, an output in the
+    way), SwarmdError when writing fails.
     """
     output = Path(output).expanduser().absolute()
-    _check_output(output, force, config.state_path)  # before the slow part
-    found, skipped = _load_checkpoint(config.state_path, checkpoint)
+    _check_output(output, force, config)  # before the slow part
+    found, skipped = _load_checkpoint(config, checkpoint)
+    recorded = found.meta.get("config")
+    if with_recorded is not None and recorded is not None:
+        config = with_recorded(recorded, f"the config recorded in checkpoint {found.path.name}")
     _check_identity(found, config)
     task, model = _rebuild(config, found)
     with _staging(output, force) as staging:
@@ -71,23 +89,27 @@ def export_checkpoint(config, output: Path, *, checkpoint: Optional[str] = None,
         task=config.task.name,
         load=str(model_section.get("load", "")),
         skipped=tuple(skipped),
+        recorded_config=with_recorded is not None and recorded is not None,
     )
 
 
 # --- the checkpoint and the model --------------------------------------------------------------------------------
 
 
-def _load_checkpoint(state_dir: Path, name: Optional[str]):
+def _load_checkpoint(config, name: Optional[str]):
     from swarmd.checkpoints.store import CheckpointError, CheckpointStore
 
-    if not state_dir.is_dir():
+    state_dir, directory = config.state_path, config.checkpoint_path
+    elsewhere = state_dir not in directory.parents  # checkpoint.dir on another disk
+    if not state_dir.is_dir() and not elsewhere:
         raise ConfigError(f"--state-dir: {state_dir} does not exist; pass the state dir of the peer to export")
-    store = CheckpointStore(state_dir / "checkpoints", keep=1)  # keep: unused, this store never saves
+    store = CheckpointStore(directory, keep=1)  # keep: unused, this store never saves
     paths = store.list()
     if not paths:
         raise ConfigError(
-            f"--state-dir: {store.directory} holds no checkpoint; a peer writes one every checkpoint.every_epochs "
-            "global epochs and when it stops"
+            f"{'checkpoint.dir' if elsewhere else '--state-dir'}: {store.directory} holds no checkpoint; a peer "
+            "writes one every checkpoint.every_epochs global epochs and when it stops"
+            + ("" if elsewhere else "; for a peer whose checkpoint.dir is elsewhere, add --set checkpoint.dir=DIR")
         )
     available = ", ".join(p.name for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
     if name is not None:
@@ -216,17 +238,34 @@ def _utc(timestamp: Optional[float]) -> Optional[str]:
 # --- writing it atomically -----------------------------------------------------------------------------------
 
 
-def _check_output(output: Path, force: bool, state_dir: Path) -> None:
-    checkpoints, target = (state_dir / "checkpoints").resolve(), output.resolve()
-    if target == checkpoints or target in checkpoints.parents or checkpoints in target.parents:
+def _check_output(output: Path, force: bool, config) -> None:
+    checkpoints, state, target = config.checkpoint_path.resolve(), config.state_path.resolve(), output.resolve()
+    if target == checkpoints or target in checkpoints.parents or _inside_a_checkpoint(target, checkpoints):
         # --force would replace the checkpoints (or the whole state dir, identity included) with the export
         raise ConfigError(f"--output: {output} overlaps the state dir's checkpoints ({checkpoints}); pick another path")
+    if target == state or target in state.parents:
+        raise ConfigError(f"--output: {output} holds the state dir ({state}); pick another path")
     if not (output.exists() or output.is_symlink()):
         return
     if not output.is_dir():
         raise ConfigError(f"--output: {output} is a file, not a directory; pick another path")
     if not force and any(output.iterdir()):
         raise ConfigError(f"--output: {output} is not empty; pick another directory, or pass --force to replace it")
+
+
+def _inside_a_checkpoint(target: Path, checkpoints: Path) -> bool:
+    """Whether `target` is (or is in) a checkpoint folder or an unfinished save's: what the store writes and prunes.
+    Other names in the checkpoint dir are free (checkpoint.export_on_finish writes export-epoch-<N> there)."""
+    from swarmd.checkpoints.store import checkpoint_epoch
+
+    if checkpoints not in target.parents:
+        return False
+    entry = target.relative_to(checkpoints).parts[0]
+    try:
+        checkpoint_epoch(Path(entry))
+    except ValueError:
+        return entry.startswith(".partial-")
+    return True
 
 
 @contextmanager
@@ -240,6 +279,7 @@ def _staging(output: Path, force: bool):
         raise ConfigError(f"--output: cannot write in {parent} ({e.strerror}); pick a writable directory") from None
     try:
         yield staging
+        _set_modes(staging)
         _fsync_tree(staging)
         _move_into_place(staging, output, force)
     except OSError as e:
@@ -268,6 +308,14 @@ def _move_into_place(staging: Path, output: Path, force: bool) -> None:
             raise
         shutil.rmtree(aside, ignore_errors=True)
     fsync_path(output.parent)
+
+
+def _set_modes(root: Path) -> None:
+    """One mode for everything the export holds, whichever library wrote it: files 0644, folders 0755."""
+    for directory, _, files in os.walk(root):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(Path(directory) / name, 0o644)
 
 
 def _fsync_tree(root: Path) -> None:

@@ -5,6 +5,9 @@
   seed on every peer for the same reason); a run id is already what makes them one swarm.
 - `peer_data_seed`: derived from the peer's persistent id, so peers do not train on the same samples, and
   reproducible across restarts of the same peer given `training.seed`.
+- `seed_own_generators`: once the model is built, each peer (and each rank of a peer) reseeds the global generators
+  from its own data seed, so its drop-path masks, dropout, augmentations and mixup draws are its own: with the init
+  seed left in them, N peers drew the same masks and the swarm saw no more variety than one peer.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from typing import Optional
 
-__all__ = ["init_seed", "peer_data_seed", "seed_everything"]
+__all__ = ["init_seed", "peer_data_seed", "seed_everything", "seed_own_generators"]
 
 
 def _hash_to_seed(text: str) -> int:
@@ -41,3 +44,10 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def seed_own_generators(data_seed: int) -> None:
+    """After the model is built: the global generators of this peer or rank, from its data seed (`peer_data_seed`,
+    or `rank_data_seed` for a rank). Hashed again so the global stream is not the data order's stream itself (the
+    loader seeds its own generator with `data_seed`)."""
+    seed_everything(_hash_to_seed(f"swarmd-generators:{data_seed}"))

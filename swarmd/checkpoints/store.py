@@ -1,8 +1,10 @@
 """Checkpoints of model, optimizer and epoch: safetensors files plus a small JSON manifest, written atomically.
 
-Layout: <state_dir>/checkpoints/epoch-00000012-20261129T170501Z/{model.safetensors, optimizer.safetensors,
-resume.safetensors, meta.json}; resume.safetensors and the manifest's "resume" hold where training stood besides the
-weights (random generators, loss scale, data position: worker/resume.py); checkpoints written before have neither. A checkpoint is assembled in a hidden `.partial-*` folder, every file is fsynced, and only then the
+Layout: <checkpoint.dir, default state_dir/checkpoints>/epoch-00000012-20261129T170501Z/{model.safetensors,
+optimizer.safetensors, resume.safetensors, meta.json}; resume.safetensors and the manifest's "resume" hold where
+training stood besides the weights (random generators, loss scale, data position: worker/resume.py), the
+manifest's "config" the run's config (SwarmdConfig.run_record); checkpoints written before have neither. The store
+touches only `epoch-*` and `.partial-*` names in its folder (an export-epoch-<N> beside them stays). A checkpoint is assembled in a hidden `.partial-*` folder, every file is fsynced, and only then the
 folder is renamed into place, so a crash or a full disk mid-save never replaces the last good checkpoint. The
 manifest holds a SHA-256 of every file; a checkpoint whose files do not match is reported and skipped on load.
 """

@@ -1,8 +1,9 @@
 """Build the effective configuration from its layers and validate it.
 
-Layers, lowest first: built-in defaults (the schema) < the YAML file (--config) < environment variables
-SWARMD_<SECTION>__<KEY> < command-line flags and `--set section.key=value`. Every error names the dotted path of
-the field and where the bad value came from, in one line.
+Layers, lowest first: built-in defaults (the schema) < for `swarmd export`, the config a checkpoint recorded < the
+YAML file (--config) < environment variables SWARMD_<SECTION>__<KEY> < command-line flags and
+`--set section.key=value`. Every error names the dotted path of the field and where the bad value came from, in
+one line.
 """
 
 from __future__ import annotations
@@ -32,17 +33,22 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
     assignments: Iterable[str] = (),
+    recorded: tuple[Mapping[str, Any], str] | None = None,
 ) -> SwarmdConfig:
     """Merge the layers, validate them, resolve the task's own settings; raise ConfigError on any problem.
 
     `flags` maps dotted keys to values from named command-line options; `assignments` are `key=value` strings
     from `--set`. `environ` defaults to os.environ; a SWARMD_CONFIG variable names the file when `path` is None.
+    `recorded`: (a config as plain data, where it came from), a layer between the defaults and the file: what
+    `swarmd export` reads from a checkpoint (SwarmdConfig.run_record).
     """
     environ = os.environ if environ is None else environ
     path = path if path is not None else environ.get("SWARMD_CONFIG")
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
+    if recorded is not None:
+        _merge(merged, recorded[0], sources, source=recorded[1])
     if path is not None:
         _merge(merged, read_yaml_file(path), sources, source=str(path))
     for name, raw in sorted(environ.items()):

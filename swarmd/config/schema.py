@@ -368,7 +368,8 @@ class TrainingConfig(StrictModel):
     seed: Optional[int] = Field(
         None,
         description="Seed for initialisation and data order. Unset: the initialisation seed derives from run_id "
-        "(every peer of a run builds the same model) and the data order from the peer id (each peer its own).",
+        "(every peer of a run builds the same model) and the data order from the peer id (each peer its own), as do "
+        "the random draws after the model is built (dropout, drop path, augmentations).",
     )
     max_epochs: int = Field(0, ge=0, description="Stop (exit 0) once the local epoch reaches this. 0: run forever.")
     threads: int = Field(0, ge=0, description="torch intra-op threads on the CPU; 0 leaves torch's default.")
@@ -411,11 +412,23 @@ class TrainingConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    """Checkpoints of model, optimizer and epoch (safetensors + JSON), written atomically into the state dir."""
+    """Checkpoints of model, optimizer and epoch (safetensors + JSON), written atomically; each records the run's
+    config (run_id, task, swarm, training), so `swarmd export --state-dir DIR` needs nothing else."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Save checkpoints, and resume from the newest at start.")
     every_epochs: int = Field(10, ge=1, description="Save every this many global epochs (and always at shutdown).")
     keep: int = Field(3, ge=1, description="Keep this many newest checkpoints.")
+    dir: str = Field(
+        "checkpoints",
+        description="Where the checkpoints go: relative to state_dir (the default, <state_dir>/checkpoints) or an "
+        "absolute path, e.g. on a larger disk. One per peer, as the state dir. `swarmd export` then needs "
+        "--set checkpoint.dir=... too.",
+    )
+    export_on_finish: bool = Field(
+        False,
+        description="When the run reaches training.max_epochs, also write the last checkpoint as `swarmd export` "
+        "would, into export-epoch-<N> beside it in checkpoint.dir (kept when old checkpoints are pruned).",
+    )
 
 
 class DaemonConfig(StrictModel):
@@ -570,6 +583,18 @@ class SwarmdConfig(StrictModel):
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """checkpoint.dir, resolved against the state dir."""
+        return self.state_path / Path(self.checkpoint.dir).expanduser()  # an absolute dir replaces the state dir
+
+    def run_record(self) -> dict[str, Any]:
+        """What a checkpoint records of the config it was trained with: the run-wide sections (run_id, swarm,
+        training) and the task's settings. Not this machine's own (state_dir, network, daemon, checkpoint,
+        metrics, logging, tracking): paths, addresses and packages that need not exist where it is exported."""
+        data = self.to_dict()
+        return {key: data[key] for key in ("run_id", "task", "swarm", "training")}
 
     def to_dict(self) -> dict[str, Any]:
         """The effective config as plain data, task settings included (what `swarmd config show` prints)."""

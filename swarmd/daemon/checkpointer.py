@@ -3,7 +3,8 @@
 - at start, `load_into_model` (before the optimizer exists) and `load_into_optimizer` (after) resume a run;
 - `save` captures model, optimizer and epoch consistently (restore.py), with the worker's resume point (random
   generators, loss scale, data position: worker/resume.py), and writes them atomically (checkpoint.py); called by the worker thread between steps, or by the daemon after the worker stopped;
-- `info()` is what the status reports about them (under a lock: written by the worker, read by the tick).
+- `info()` is what the status reports about them (under a lock: written by the worker, read by the tick);
+- `export_latest` writes the last one as `swarmd export` does, when the run reaches training.max_epochs.
 """
 
 from __future__ import annotations
@@ -23,14 +24,25 @@ logger = logging.getLogger("swarmd.daemon")
 
 
 class Checkpointer:
-    def __init__(self, state_dir: Path, *, run_id: str, task: str, keep: int):
+    def __init__(
+        self, state_dir: Path, *, run_id: str, task: str, keep: int, directory: Optional[Path] = None,
+        config: Optional[dict] = None,
+    ):
         from swarmd.checkpoints.store import CheckpointStore
 
-        self.store = CheckpointStore(Path(state_dir) / "checkpoints", keep=keep)
+        self.store = CheckpointStore(directory if directory is not None else Path(state_dir) / "checkpoints", keep=keep)
         self.run_id, self.task = run_id, task
+        self.config = config  # SwarmdConfig.run_record(): recorded in each manifest, for `swarmd export`
         self.peer_id: Optional[str] = None  # written into each checkpoint's manifest once known
         self._info = CheckpointInfo()
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config) -> "Checkpointer":
+        return cls(
+            config.state_path, run_id=config.run_id, task=config.task.name, keep=config.checkpoint.keep,
+            directory=config.checkpoint_path, config=config.run_record(),
+        )
 
     def info(self) -> CheckpointInfo:
         with self._lock:
@@ -87,6 +99,8 @@ class Checkpointer:
 
         model_state, optimizer_state, epoch = capture_state(model, optimizer)
         info = {"run_id": self.run_id, "task": self.task, "peer_id": self.peer_id, "swarmd_version": __version__}
+        if self.config is not None:
+            info["config"] = self.config
         info.update(details or {})
         try:
             path = self.store.save(
@@ -102,6 +116,32 @@ class Checkpointer:
             return
         with self._lock:
             self._info = CheckpointInfo(epoch, str(path), time.time(), self._info.failures_total)
+
+    # --- exporting ----------------------------------------------------------------------------------------------
+
+    def export_latest(self, config) -> Optional[Path]:
+        """checkpoint.export_on_finish: the newest checkpoint as `swarmd export` writes it, into export-epoch-<N>
+        beside it (replacing one of the same epoch). A failure is logged: the training itself has finished."""
+        from swarmd.checkpoints.store import checkpoint_epoch
+        from swarmd.errors import SwarmdError
+        from swarmd.export import export_checkpoint
+
+        latest = next(iter(self.store.list()), None)
+        if latest is None:
+            logger.error("No checkpoint to export (checkpoint.export_on_finish)")
+            return None
+        output = self.store.directory / f"export-epoch-{checkpoint_epoch(latest):08d}"
+        try:
+            result = export_checkpoint(config, output, checkpoint=latest.name, force=True)
+        except SwarmdError as e:
+            logger.error("Could not export %s (checkpoint.export_on_finish): %s", latest.name, e)
+            return None
+        except Exception:  # noqa: BLE001 - a bug of the task's export_model: the run still ended well
+            logger.exception("Could not export %s (checkpoint.export_on_finish)", latest.name)
+            return None
+        logger.info("Exported %s to %s; load it with: %s", latest.name, output,
+                    result.load.replace("DIR", repr(str(output))))
+        return output
 
 
 def checkpoint_details(report) -> dict:

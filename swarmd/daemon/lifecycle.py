@@ -142,10 +142,7 @@ class Daemon:
         if self.config.checkpoint.enabled:
             from swarmd.daemon.checkpointer import Checkpointer
 
-            self.checkpointer = Checkpointer(
-                self.config.state_path, run_id=self.config.run_id, task=self.config.task.name,
-                keep=self.config.checkpoint.keep,
-            )
+            self.checkpointer = Checkpointer.from_config(self.config)  # checkpoint.dir; records the run's config
             checkpoint = await asyncio.to_thread(self.checkpointer.load_into_model, model)
         from swarmd.swarm.initial_state import start_values
 
@@ -242,12 +239,14 @@ class Daemon:
         from swarmd.daemon.checkpointer import checkpoint_details
 
         runtime = self.runtime
-        save = None
+        save = export = None
         if self.checkpointer is not None:
             save = lambda: self.checkpointer.save(  # noqa: E731
                 runtime.model, runtime.optimizer, details=checkpoint_details(runtime.stats.report()),
                 resume=runtime.worker.resume_point(),
             )
+            if self.config.checkpoint.export_on_finish:  # at training.max_epochs, by the worker (trainer.py)
+                export = lambda: self.checkpointer.export_latest(self.config)  # noqa: E731
         worker = TrainingWorker(
             task=runtime.task,
             model=runtime.model,
@@ -260,6 +259,7 @@ class Daemon:
             data_seed=peer_data_seed(self.config.training.seed, self.identity.peer_id),
             threads=self._worker_threads,
             save_checkpoint=save,
+            export_model=export,
             resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
             start_values=self.identity.start_values,
         )

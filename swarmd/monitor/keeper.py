@@ -54,7 +54,7 @@ class StateKeeper:
         self.parameters = [p for group in self.task.parameter_groups(self.model) for p in group["params"]]
         prefix = averager_prefix(config.run_id, strategy_of(config).state_suffix)
         self.downloader = _Downloader(averaged_tensors=[torch.zeros(1)], dht=dht, prefix=prefix, client_mode=True, start=True)
-        self.store = CheckpointStore(config.state_path / "checkpoints", keep=config.checkpoint.keep)
+        self.store = CheckpointStore(config.checkpoint_path, keep=config.checkpoint.keep)
         self.kept: Optional[KeptState] = None
 
     def keep(self) -> Optional[KeptState]:
@@ -75,7 +75,7 @@ class StateKeeper:
                 parameter.copy_(tensor)
         model_state = {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
         info = {"run_id": self.config.run_id, "task": self.config.task.name, "peer_id": str(self.downloader.peer_id),
-                "swarmd_version": __version__, "kept_by": "swarmd monitor"}
+                "swarmd_version": __version__, "kept_by": "swarmd monitor", "config": self.config.run_record()}
         checkpoint = self.store.save(
             model_state=model_state, optimizer_state={"state": {}, "param_groups": []}, epoch=epoch, info=info
         )

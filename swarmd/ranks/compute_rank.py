@@ -186,6 +186,7 @@ def _step_with_rank_0(task, model, precision, *, rank: int, world_size: int, whe
     """In the process group: step whenever rank 0 says so, until it says stop; returns the steps taken."""
     from swarmd.ranks.layout import rank_data_seed
     from swarmd.ranks.step_sync import StepSync, share_data_seed
+    from swarmd.seeds import seed_own_generators
     from swarmd.worker.batches import move_to_device
 
     device = task.context.device
@@ -194,7 +195,9 @@ def _step_with_rank_0(task, model, precision, *, rank: int, world_size: int, whe
     parameters = sum(p.numel() for p in model.parameters())
     logger.info("%s ready: %d parameters, batch %d", where, parameters, task.context.batch_size)
 
-    batches = iter(task.train_batches(rank_data_seed(data_seed, rank)))
+    own_seed = rank_data_seed(data_seed, rank)
+    seed_own_generators(own_seed)  # this rank's drop-path masks and augmentations, not rank 0's (seeds.py)
+    batches = iter(task.train_batches(own_seed))
     epoch = None
     while True:
         control = sync.follow()

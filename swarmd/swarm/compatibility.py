@@ -36,7 +36,9 @@ __all__ = [
 logger = logging.getLogger("swarmd.daemon")
 
 # Bumped when peers of two swarmd versions cannot train together (the record format, the averaging protocol).
-PROTOCOL_VERSION = 1
+# 2: Swin's parameters are grouped by weight decay as timm groups them (issue 31): the tensors that peers average
+# come in another order, which the model fingerprint (names, shapes, dtypes) does not see.
+PROTOCOL_VERSION = 2
 FIELDS = ("protocol", "task", "parameters", "model_fingerprint", "target_batch_size", "strategy", "inner_steps")
 
 

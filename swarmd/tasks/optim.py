@@ -33,6 +33,15 @@ class OptimConfig(StrictModel):
     )
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
     warmup_epochs: int = Field(5, ge=0, description="Linear warm-up length in global epochs.")
+    warmup_start_ratio: Optional[float] = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="LR at global epoch 0 as a fraction of the peak, from which the warm-up rises linearly to the "
+        "peak at warmup_epochs: timm's warmup_lr_init / lr (Swin's recipe: 5e-7 / 5e-4 = 0.001), 0 for "
+        "transformers' linear warm-up (hivemind's ALBERT example). Null: 1 / (warmup_epochs + 1), so the first "
+        "global epoch already trains.",
+    )
     total_epochs: int = Field(1000, ge=1, description="Global epochs until the schedule reaches min_lr_ratio.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR as a fraction of the peak.")
 
@@ -46,7 +55,10 @@ class OptimConfig(StrictModel):
 def lr_multiplier(config: OptimConfig, epoch: int) -> float:
     """LR as a fraction of the peak at a global epoch: linear warm-up, then the chosen decay."""
     if epoch < config.warmup_epochs:
-        return (epoch + 1) / (config.warmup_epochs + 1)
+        start = config.warmup_start_ratio
+        if start is None:
+            return (epoch + 1) / (config.warmup_epochs + 1)
+        return start + (1.0 - start) * epoch / config.warmup_epochs
     if config.schedule == "constant":
         return 1.0
     progress = min(1.0, (epoch - config.warmup_epochs) / max(1, config.total_epochs - config.warmup_epochs))

@@ -7,7 +7,8 @@ The daemon's event loop never blocks on training; this thread never touches the 
   non-finite;
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
   exits 1) only after `max_consecutive_failures` failures in a row;
-- at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs;
+- at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs (with
+  checkpoint.export_on_finish, after saving and exporting the last checkpoint);
 - says what it is doing and for how long that may legitimately last (`stats.begin`), for systemd's watchdog.
 """
 
@@ -40,6 +41,7 @@ _SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's 
 # Work no config setting bounds; generous, so a large validation set or a slow disk is not taken for a hang.
 _EVALUATION_BUDGET_SECONDS = 1800.0
 _CHECKPOINT_BUDGET_SECONDS = 600.0
+_EXPORT_BUDGET_SECONDS = 600.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,6 +102,7 @@ class TrainingWorker:
         device: torch.device,
         data_seed: int,
         save_checkpoint: Optional[Callable[[], None]] = None,
+        export_model: Optional[Callable[[], None]] = None,
         threads: int = 0,
         ranks=None,
         resume=None,
@@ -111,6 +114,7 @@ class TrainingWorker:
         self.averaging_log = averaging_log  # for parameters rejected after a global step
         self.data_seed = data_seed
         self.save_checkpoint = save_checkpoint
+        self.export_model = export_model  # checkpoint.export_on_finish: the last checkpoint, exported at max_epochs
         self.device = device
         # ranks/local.py LocalRanks: the peer's other devices; OneRank (or None): this one only
         self.ranks = ranks if ranks is not None else OneRank()
@@ -293,16 +297,18 @@ class TrainingWorker:
         return counted()
 
     def _resumed_batches(self):
-        """Before the first batch: the random generators and data position of the checkpoint resumed from."""
+        """Before the first batch: the random generators and data position of the checkpoint resumed from, or, on
+        a fresh start, generators of this peer's own (the model was built with the run's shared seed)."""
+        from swarmd.seeds import seed_own_generators
         from swarmd.worker.resume import restore_rng_states
 
         resume, self.resume = self.resume, None
-        if resume is None:
+        position = resume.data if resume is not None else None
+        if position is None or position.peer_seed != self.data_seed:
+            # a fresh start, or another peer's checkpoint (its generators and data position are that peer's)
+            seed_own_generators(self.data_seed)
             return self._batches(self.data_seed)
         restore_rng_states(resume.rng)
-        position = resume.data
-        if position is None or position.peer_seed != self.data_seed:
-            return self._batches(self.data_seed)  # another peer's checkpoint: its data position is not ours
         logger.info("Continuing the data where the checkpoint stopped: batch %d of stream %d", position.batches, position.seed)
         return self._batches(position.seed, position.batches)
 
@@ -397,14 +403,27 @@ class TrainingWorker:
         every = self.task.eval_every_epochs
         if every and epoch % every == 0 and not self.auxiliary:
             self._evaluate(epoch)
+        saved = False
         if self.save_checkpoint is not None and epoch % self.settings.checkpoint_every_epochs == 0:
             self.stats.begin("saving a checkpoint", _CHECKPOINT_BUDGET_SECONDS)
             self.save_checkpoint()
+            saved = True
         max_epochs = self.settings.max_epochs
         if max_epochs and epoch >= max_epochs:
             logger.info("Reached training.max_epochs=%d: stopping", max_epochs)
             self.reached_max_epochs = True
             self._stop.set()
+            if self.export_model is not None and self.save_checkpoint is not None:
+                self._export_final_model(saved)
+
+    def _export_final_model(self, saved: bool) -> None:
+        """checkpoint.export_on_finish: the last checkpoint now (the daemon's stop then finds it current and writes
+        none) and its export beside it, here between steps rather than within the stop's bounded budget."""
+        if not saved:
+            self.stats.begin("saving a checkpoint", _CHECKPOINT_BUDGET_SECONDS)
+            self.save_checkpoint()
+        self.stats.begin("exporting the model", _EXPORT_BUDGET_SECONDS)
+        self.export_model()
 
     def _evaluate(self, epoch: int) -> None:
         started = time.perf_counter()

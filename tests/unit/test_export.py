@@ -40,7 +40,7 @@ def trained_checkpoint(config, epoch=7, **extra_meta):
             param.add_(0.05 * torch.randn_like(param))
     model.eval()
     info = {"run_id": config.run_id, "task": config.task.name, "peer_id": "QmExportTest", "swarmd_version": "0.0.test"}
-    path = CheckpointStore(config.state_path / "checkpoints", keep=3).save(
+    path = CheckpointStore(config.checkpoint_path, keep=3).save(
         model_state=model.state_dict(), optimizer_state={"state": {}, "param_groups": []}, epoch=epoch,
         info={**info, **extra_meta},
     )
@@ -109,6 +109,14 @@ def test_swin_export_loads_with_timm_and_gives_the_checkpoints_outputs(tmp_path)
         for exported in (by_name, from_dir):
             torch.testing.assert_close(exported.eval()(images), expected)
     assert expected.shape == (4, 10)
+    # the run's own preprocessing, not that of the ImageNet checkpoint timm knows for the architecture
+    assert not {"tag", "license"} & set(timm_config["pretrained_cfg"])
+    data_config = timm.data.resolve_data_config({}, model=from_dir)
+    assert (data_config["crop_pct"], data_config["interpolation"]) == (0.875, "bicubic")
+    assert data_config["input_size"] == (3, 32, 32)
+    # one mode for every file (safetensors wrote 0600), a folder others can read (the staging one was 0700)
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {"0o644"}
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
 
     metadata = json.loads((out / METADATA_FILE).read_text())
     assert metadata["global_epoch"] == 12 and metadata["samples_seen"] == 12345
@@ -151,6 +159,101 @@ def test_a_plugin_task_is_exported_by_the_default_and_the_command_line(tmp_path,
     assert not (out / "stale.txt").exists()
 
 
+def _swarm_optimizer(epoch, model):
+    """What the daemon's Checkpointer reads of hivemind.Optimizer (checkpoints/restore.py capture_state), and the
+    worker at an epoch's end."""
+    import threading
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        local_epoch=epoch, catching_up=False, state_loads_total=0, param_groups=[{"lr": 0.1}],
+        state_dict=lambda: {"state": {}, "param_groups": []},
+        state_averager=SimpleNamespace(
+            step=lambda **_: None, lock_optimizer=threading.Lock(), offload_optimizer=False,
+            main_parameters=list(model.parameters()),
+        ),
+    )
+
+
+def test_the_state_dir_alone_exports_a_checkpoint_the_daemon_wrote_with_its_config(tmp_path):
+    """A new user's first try: `swarmd export --state-dir DIR --output OUT` of an ALBERT peer of a run of their own
+    naming, with no config at hand: the checkpoint recorded the one it was trained with."""
+    from transformers import AlbertForPreTraining
+
+    from swarmd.daemon.checkpointer import Checkpointer
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    config = micro_config("albert", state, "run_id=my-albert", "task.model.hidden_size=32")
+    task, model, _ = trained_checkpoint(config, epoch=2)  # the data, and a model to save as the daemon does
+    checkpointer = Checkpointer.from_config(config)
+    checkpointer.save(model, _swarm_optimizer(5, model))
+    saved = CheckpointStore(state / "checkpoints", keep=3).load_latest()
+    assert saved.epoch == 5 and sorted(saved.meta["config"]) == ["run_id", "swarm", "task", "training"]  # no paths
+
+    result = run_cli("export", "--state-dir", str(state), "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"Exported {saved.path.name} (task albert, global epoch 5, with the config it recorded)" in result.stdout
+    exported = AlbertForPreTraining.from_pretrained(str(out))
+    assert exported.config.hidden_size == 32
+    torch.testing.assert_close(exported.albert.pooler.weight, model.albert.pooler.weight)
+    assert yaml.safe_load((out / CONFIG_FILE).read_text())["run_id"] == "my-albert"
+
+    # a config given still wins, and one of another run is still one line
+    result = run_cli("export", "--state-dir", str(state), "--config", str(CONFIGS / "albert-micro.yaml"),
+                     "--output", str(tmp_path / "other"))
+    one_line_error(result, 2, "belongs to run 'my-albert', the config says 'albert-micro'")
+    # --set applies on top of the recorded config
+    def with_recorded(recorded, source):
+        return load_config(None, environ={}, flags={"state_dir": str(state)}, recorded=(recorded, source),
+                           assignments=["task.model.hidden_size=64"])
+
+    with pytest.raises(ConfigError, match="does not fit the model this config builds"):
+        export_checkpoint(load_config(None, environ={}, flags={"state_dir": str(state)}), tmp_path / "third",
+                          with_recorded=with_recorded)
+
+
+def test_a_run_that_reaches_max_epochs_exports_its_last_checkpoint_beside_it(tmp_path):
+    """checkpoint.export_on_finish, with checkpoint.dir on another disk than the state dir."""
+    import timm
+
+    from swarmd.checkpoints.store import checkpoint_epoch
+    from swarmd.daemon.checkpointer import Checkpointer
+    from swarmd.worker.stats import WorkerStats
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+    disk = tmp_path / "other-disk"
+    config = micro_config(
+        "swin", tmp_path / "state", f"checkpoint.dir={disk}", "checkpoint.export_on_finish=true",
+        "training.max_epochs=3", "checkpoint.every_epochs=10",
+    )
+    task, model, _ = trained_checkpoint(config, epoch=1)  # written where checkpoint.dir says, as the daemon's
+    checkpointer = Checkpointer.from_config(config)
+    optimizer = _swarm_optimizer(2, model)
+    worker = TrainingWorker(
+        task=task, model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config), stats=WorkerStats(),
+        averaging_log=None, device=torch.device("cpu"), data_seed=0,
+        save_checkpoint=lambda: checkpointer.save(model, optimizer),
+        export_model=lambda: checkpointer.export_latest(config),
+    )
+    optimizer.local_epoch = 3
+    worker._on_new_epoch(2)  # the global step to epoch 3 = training.max_epochs (not a checkpoint epoch)
+    assert worker.reached_max_epochs
+
+    assert [checkpoint_epoch(p) for p in CheckpointStore(disk, keep=3).list()] == [3, 1]
+    assert not (tmp_path / "state" / "checkpoints").exists()
+    export = disk / "export-epoch-00000003"
+    from_dir = timm.create_model(f"local-dir:{export}", pretrained=True).eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(from_dir(images), model.eval()(images))
+    metadata = json.loads((export / METADATA_FILE).read_text())
+    assert metadata["global_epoch"] == 3 and metadata["checkpoint"] == CheckpointStore(disk, keep=3).list()[0].name
+    # pruning leaves it alone, and `swarmd export` finds the checkpoints there as well
+    CheckpointStore(disk, keep=1)._prune()
+    assert export.is_dir() and [checkpoint_epoch(p) for p in CheckpointStore(disk, keep=1).list()] == [3]
+    assert export_checkpoint(config, tmp_path / "again").epoch == 3
+
+
 def one_line_error(result, code, text):
     assert result.returncode == code, (result.stdout, result.stderr)
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
@@ -173,7 +276,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, test_tasks_env):
     (out / "keep.txt").write_text("mine")
     one_line_error(export("--output", str(out)), 2, "is not empty; pick another directory, or pass --force")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    for inside in (state, state / "checkpoints" / "x"):  # --force must never replace the checkpoints
+    checkpoints = state / "checkpoints"
+    for inside in (state, checkpoints, checkpoints / "epoch-00000001-20260101T000000.000Z" / "x",
+                   checkpoints / ".partial-00000002-abc"):  # --force must never replace the checkpoints
         one_line_error(export("--output", str(inside), "--force"), 2, "overlaps the state dir's checkpoints")
     assert list(state.iterdir()) == []
 

@@ -167,6 +167,11 @@ class AlbertTask(Task):
                 "tokenizer's size; set it to the trainers' vocabulary size"
             )
 
+    def parameter_groups(self, model):
+        from swarmd.tasks.albert.model import weight_decay_groups
+
+        return weight_decay_groups(model, self.settings.optim.weight_decay)
+
     def build_optimizer(self, param_groups):
         return build_optimizer(self.settings.optim, param_groups)
 

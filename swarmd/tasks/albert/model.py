@@ -7,7 +7,7 @@ from pathlib import Path
 
 from swarmd.errors import ConfigError
 
-__all__ = ["BUILTIN_CONFIGS", "albert_config", "build_albert", "enable_activation_checkpointing"]
+__all__ = ["BUILTIN_CONFIGS", "albert_config", "build_albert", "weight_decay_groups", "enable_activation_checkpointing"]
 
 _ALBERT_V2 = dict(
     embedding_size=128,
@@ -73,6 +73,22 @@ def build_albert(settings, vocab_size: int | None = None):
     if settings.activation_checkpointing:
         enable_activation_checkpointing(model)
     return model
+
+
+def weight_decay_groups(model, weight_decay: float) -> list[dict]:
+    """Weight decay on the matrices and embeddings; none on biases and LayerNorms, as hivemind's ALBERT example
+    (`no_decay = ["bias", "LayerNorm.weight"]`) means it and as ALBERT's own code and transformers' Trainer do it:
+    every LayerNorm by its type, which also takes in `full_layer_layer_norm` (the example's name list misses that
+    one; docs/TASKS.md). transformers' helper; decayed parameters first, as the example orders its groups."""
+    import torch
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    decayed = {name for name in get_parameter_names(model, [torch.nn.LayerNorm]) if "bias" not in name}
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # tied weights once, under their first name
+        if param.requires_grad:
+            (decay if name in decayed else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -172,6 +172,11 @@ class SwinTask(Task):
 
         return build_swin(self.settings.model, self.num_classes, self.context.device)
 
+    def parameter_groups(self, model):
+        from swarmd.tasks.swin.model import weight_decay_groups
+
+        return weight_decay_groups(model, self.settings.optim.weight_decay)
+
     def build_optimizer(self, param_groups):
         return build_optimizer(self.settings.optim, param_groups)
 
@@ -207,7 +212,20 @@ class SwinTask(Task):
 
         # explicit, so the architecture arguments are recorded whatever this timm records by itself
         model_args = {key: list(v) if isinstance(v, tuple) else v for key, v in self.settings.model.overrides().items()}
-        return export_for_timm(model, directory, model_args={**model_args, "num_classes": self.num_classes})
+        return export_for_timm(
+            model, directory, model_args={**model_args, "num_classes": self.num_classes},
+            data_config=self.data_config(),
+        )
+
+    def data_config(self) -> dict:
+        """The preprocessing this run evaluates with (swin/data.py), in timm's pretrained_cfg keys."""
+        from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+        size = self.settings.model.img_size or 224
+        return {
+            "input_size": (3, size, size), "interpolation": "bicubic", "crop_pct": self.settings.data.crop_pct,
+            "crop_mode": "center", "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD,
+        }
 
     @property
     def image_root(self) -> Optional[Path]:

@@ -13,7 +13,7 @@ from torchvision.datasets import ImageFolder
 from swarmd.tasks.base import StepOutput
 from swarmd.tasks.loader import endless_batches
 
-__all__ = ["train_batches", "training_step", "evaluate"]
+__all__ = ["train_batches", "train_transform", "training_step", "evaluate"]
 
 
 def _img_size(task) -> int:
@@ -26,14 +26,7 @@ def train_batches(task, seed: int, skip: int = 0):
         import itertools
 
         return itertools.islice(_synthetic_batches(task, seed), skip, None)  # cheap to draw: no skip needed
-    transform = create_transform(
-        _img_size(task),
-        is_training=True,
-        auto_augment=data.randaugment,
-        re_prob=data.random_erasing,
-        interpolation="bicubic",
-    )
-    dataset = ImageFolder(str(task.image_root / "train"), transform=transform)
+    dataset = ImageFolder(str(task.image_root / "train"), transform=train_transform(task))
     return endless_batches(
         dataset,
         batch_size=task.context.batch_size,
@@ -41,6 +34,22 @@ def train_batches(task, seed: int, skip: int = 0):
         skip=skip,
         num_workers=data.num_workers,
         pin_memory=task.context.device.type == "cuda",
+    )
+
+
+def train_transform(task):
+    """timm's ImageNet training transform with the Swin recipe's arguments (microsoft/Swin-Transformer
+    data/build.py): random resized crop and flip, RandAugment, bicubic, ImageNet mean/std, and random erasing in
+    `pixel` mode (per-pixel normal noise; timm's default `const` fills zeros), one box per image."""
+    data = task.settings.data
+    return create_transform(
+        _img_size(task),
+        is_training=True,
+        auto_augment=data.randaugment,
+        re_prob=data.random_erasing,
+        re_mode="pixel",
+        re_count=1,
+        interpolation="bicubic",
     )
 
 
