@@ -4,7 +4,9 @@ Plain and JSON records are one line each (a traceback is folded onto it) and car
 when a library put some in a message. When stderr is the journal ($JOURNAL_STREAM names it, as systemd sets it),
 each line starts with its syslog priority (`<3>` error ... `<7>` debug), so `journalctl -p warning` filters by
 level, and the plain format leaves the timestamp to journald. Uncaught exceptions, in any thread, are logged as
-one record too.
+one record too. On a terminal rich wraps records to its width, except a record logged with `extra=UNWRAPPED` (a
+command to paste, such as the `To join:` line): that one is written as one line whatever the width, and the
+terminal folds it only on screen.
 
 hivemind's loggers are routed through the same handler, at their own level (`logging.hivemind_level`). What
 hivemind reports as warnings and errors whenever peers come and go or the daemon stops (connection errors in its
@@ -24,7 +26,10 @@ import sys
 import threading
 import time
 
-__all__ = ["configure_logging", "route_hivemind_logs"]
+__all__ = ["UNWRAPPED", "configure_logging", "route_hivemind_logs"]
+
+# `extra=` of a record that must stay one line on a terminal too (a command a user copies and pastes)
+UNWRAPPED = {"swarmd_unwrapped": True}
 
 _PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _JOURNAL_FORMAT = "%(levelname)s %(name)s: %(message)s"  # journald stamps each line itself
@@ -129,6 +134,28 @@ class _StableLevelNames(logging.Filter):
         return True
 
 
+def _rich_handler(stream) -> logging.Handler:
+    """rich's handler, but a record marked UNWRAPPED is printed as one line (rich's soft wrap: no newline inserted,
+    the terminal folds it on screen only), so that a pasted command keeps every argument with its value."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from rich.text import Text
+
+    class _Handler(RichHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not getattr(record, "swarmd_unwrapped", False):
+                super().emit(record)
+                return
+            try:
+                stamp = time.strftime("[%x %X]", time.localtime(record.created))
+                line = Text.assemble((stamp, "log.time"), " ", self.get_level_text(record), " ", self.format(record))
+                self.console.print(line, soft_wrap=True)
+            except Exception:  # noqa: BLE001 - logging's own contract
+                self.handleError(record)
+
+    return _Handler(console=Console(file=stream), show_path=False, rich_tracebacks=False)
+
+
 def _is_journal(stream) -> bool:
     """Whether `stream` is the journal: $JOURNAL_STREAM is "device:inode" of the stream systemd connected."""
     device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
@@ -168,10 +195,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
     if fmt == "auto":
         fmt = "rich" if stream.isatty() else "plain"
     if fmt == "rich":
-        from rich.console import Console
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(console=Console(file=stream), show_path=False, rich_tracebacks=False)
+        handler: logging.Handler = _rich_handler(stream)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     else:
         journal = _is_journal(stream)

@@ -33,7 +33,7 @@ def monitor(
     """Watch a run without training: every --interval seconds log the swarm as a whole (peers, samples/s, loss
     averaged over all peers' samples, averaging health) to the config's tracking backends and /metrics; every
     --keep-every minutes download the swarm's model and keep it as a checkpoint and an export (STATE_DIR/model),
-    and once more on SIGTERM, so the run keeps its model when every peer has left."""
+    and once more on SIGTERM or SIGINT (Ctrl-C), so the run keeps its model when every peer has left."""
     from swarmd.config import load_config
     from swarmd.errors import ConfigError
     from swarmd.logs import configure_logging

@@ -49,6 +49,7 @@ def check_multiaddr(text: str, *, require_peer_id: bool = False) -> str:
         elif proto in ("p2p", "ipfs"):
             if not _BASE58.match(value) or len(value) < 32:
                 raise ValueError(f"{text!r} is not a multiaddr: {value!r} is not a base58 peer id")
+            _check_whole_peer_id(text, value)
             seen_peer_id = True
         else:
             raise ValueError(f"{text!r} is not a multiaddr: unknown protocol '/{proto}'")
@@ -61,6 +62,20 @@ def check_multiaddr(text: str, *, require_peer_id: bool = False) -> str:
             "address that the first peer printed"
         )
     return text
+
+
+def _check_whole_peer_id(text: str, value: str) -> None:
+    """A peer id cut short (a wrapped line pasted in part) still looks like base58; hivemind only fails on it after
+    its DHT's start-up timeout, with "Inconsistent multihash length". Its multihash says how long it must be."""
+    from swarmd.config.peer_list import check_peer_id
+
+    try:
+        check_peer_id(value)
+    except ValueError:
+        raise ValueError(
+            f"{text!r}: the peer id {value!r} is cut short or mistyped ({len(value)} characters; a whole one has 46 "
+            "and starts with Qm, or 52 with 12D3KooW): copy the whole address from the peer's `To join:` line"
+        ) from None
 
 
 def _check_ip(text: str, value: str, cls: type, family: str) -> None:

@@ -549,7 +549,7 @@ class SwarmdConfig(StrictModel):
     """The whole configuration of one peer."""
 
     run_id: str = Field(
-        "swarmd-micro",
+        "swin-micro",  # the embedded default is configs/swin-micro.yaml: one run, whichever of the two a peer used
         pattern=RUN_ID_PATTERN,
         description="Name of the training run: peers with the same run_id train together.",
     )

@@ -26,6 +26,7 @@ from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView
 from swarmd.errors import ExitCode, SwarmdError
 from swarmd.extension import AveragingRoundFinished, Extension, StepsFinished
+from swarmd.logs import UNWRAPPED
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
 
 __all__ = ["Daemon"]
@@ -178,7 +179,9 @@ class Daemon:
             self.checkpointer.peer_id = self.identity.peer_id
         public = [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
         logger.info("This peer (%s) announces: %s", self.identity.peer_id, ", ".join(maddrs) or "nothing (client mode)")
-        logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path))
+        # one line whatever the terminal's width: a wrapped one, pasted, runs --initial-peers without its address
+        logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path),
+                    extra=UNWRAPPED)
         self._check_stop()
         return dht
 
@@ -197,7 +200,7 @@ class Daemon:
         """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
         from swarmd.swarm.averaging_log import AveragingLog
         from swarmd.swarm.priority import background_priority
-        from swarmd.swarm.strategy import build_swarm_optimizer
+        from swarmd.swarm.strategy import build_swarm_optimizer, strategy_of
         from swarmd.worker.stats import WorkerStats
 
         averaging_log = AveragingLog()
@@ -211,9 +214,9 @@ class Daemon:
             self.checkpointer.load_into_optimizer(optimizer, checkpoint, model)
         swarm = self.config.swarm
         logger.info(
-            "Joined run %r as %s: target batch %d, %d per step, local epoch %d",
+            "Joined run %r as %s: %s, %d per step, local epoch %d",
             self.config.run_id, "an auxiliary peer" if swarm.auxiliary else "a trainer",
-            swarm.target_batch_size, self.config.training.batch_size, optimizer.local_epoch,
+            strategy_of(self.config).describe_round(swarm), self.config.training.batch_size, optimizer.local_epoch,
         )
         self._check_stop()
         return self.runtime

@@ -48,7 +48,15 @@ class Runtime:
         if worker is None:
             return False
         worker.request_stop()
-        if not await asyncio.to_thread(worker.join, remaining() * 0.6):
+        bound = remaining() * 0.6
+        if worker.alive:  # say what the stop waits for: a step inside a failing averaging round can take all of it
+            activity, since, budget = self.stats.activity()
+            waits = f"; it may wait on the swarm (averaging, a download) up to {budget:.0f} s" if budget else ""
+            logger.info(
+                "Stopping: waiting up to %.0f s for the training worker's %s (under way for %.0f s%s); a second signal "
+                "forces the exit", bound, activity, since, waits,
+            )
+        if not await asyncio.to_thread(worker.join, bound):
             logger.warning("The training step in progress did not finish in time: abandoning it")
             return False
         return worker.failure is None

@@ -39,7 +39,9 @@ class MonitorMetrics:
         self.kept_epoch = gauge("swarmd_monitor_kept_epoch", "Global epoch of the model the monitor kept last (-1: none).")
         self.kept_epoch.set(-1)
         self.rounds = Counter(
-            "swarmd_monitor_averaging_rounds", "Averaging rounds the peers reported, by outcome.", ["outcome"],
+            "swarmd_monitor_averaging_rounds",
+            "The peers' reports of averaging rounds, by outcome (each peer of a round reports it: one round of 2 "
+            "peers counts 2).", ["outcome"],
             registry=self.registry,
         )
         self.reads_failed = Counter("swarmd_monitor_reads_failed", "Reads of the DHT that did not answer in time.",
@@ -70,12 +72,15 @@ class Monitor:
     def stop(self, *_signal) -> None:
         self._stop.set()
 
+    def _handle_stop_signals(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.stop)
+
     def run(self) -> int:
         from swarmd.tracking.backends import build_backends
         from swarmd.tracking.base import LoggerFanout
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.stop)
+        self._handle_stop_signals()
         self._serve_metrics()
         tracking = LoggerFanout(build_backends(self.config))
         tracking.start()
@@ -83,6 +88,7 @@ class Monitor:
             from swarmd.monitor.keeper import StateKeeper
 
             self.keeper = StateKeeper(self.config, self.swarm.dht)
+            self._handle_stop_signals()  # again: its hivemind averager set SIGINT to be ignored
         next_keep = time.monotonic() + min(self.keep_every, 30.0)  # a first model soon, then every keep_every
         try:
             while not self._stop.is_set():
@@ -115,10 +121,11 @@ class Monitor:
         self.metrics.update(totals)
         tracking.log(totals.scalars(), step=self._reads, axis="local_step")
         logger.info(
-            "swarm: epoch %s, %d peer(s) (%d training), %.1f samples/s, loss %s, rounds %d ok / %d failed",
+            "swarm: epoch %s, %d peer(s) (%d training), %.1f samples/s, loss %s, averaging: %d ok / %d failed peer "
+            "reports (from at least %d round(s))",
             totals.global_epoch if totals.global_epoch is not None else "?", totals.alive_peers, totals.trainers,
             totals.samples_per_second, f"{totals.loss:.4g}" if totals.loss is not None else "?",
-            totals.rounds_succeeded, totals.rounds_failed,
+            totals.rounds_succeeded, totals.rounds_failed, totals.rounds_at_least,
         )
 
     def _keep(self) -> None:

@@ -20,8 +20,11 @@ class SwarmTotals:
     samples_per_second: float  # the trainers' samples/s, summed
     global_epoch: Optional[int]
     loss: Optional[float]  # averaged over the samples trained since the previous read
-    rounds_succeeded: int  # averaging rounds since the previous read, summed over peers
+    # averaging reports since the previous read, summed over peers: each peer of a round reports it, so one round of
+    # two peers counts 2 here. How many rounds that was is not in the records; at least the most one peer reported.
+    rounds_succeeded: int
     rounds_failed: int
+    rounds_at_least: int
 
     def scalars(self) -> dict[str, float]:
         """The numbers, for the tracking backends (None left out)."""
@@ -36,11 +39,11 @@ def swarm_totals(
     """`records`: the peers' records now (swarm/peer_records.py); `previous`: peer id -> its record at the last read."""
     trainers = [r for r in records if not r.get("auxiliary")]
     weighted = total_weight = 0.0
-    succeeded = failed = 0
+    succeeded = failed = at_least = 0
     for record in records:
         before = previous.get(record["peer_id"])
-        succeeded += _since(record, before, "averaging_success")
-        failed += _since(record, before, "averaging_failed")
+        ok, not_ok = _since(record, before, "averaging_success"), _since(record, before, "averaging_failed")
+        succeeded, failed, at_least = succeeded + ok, failed + not_ok, max(at_least, ok + not_ok)
         if record.get("loss") is None or record.get("auxiliary"):
             continue
         weight = _since(record, before, "samples_total") if before is not None else record["samples_per_second"]
@@ -54,6 +57,7 @@ def swarm_totals(
         loss=weighted / total_weight if total_weight > 0 else None,
         rounds_succeeded=succeeded,
         rounds_failed=failed,
+        rounds_at_least=at_least,
     )
 
 

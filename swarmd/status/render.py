@@ -87,9 +87,12 @@ def _header(s: dict[str, Any]):
     grid.add_row("peer", f"{name} ({_short_id(s.get('peer_id'))})  {_role(s)}  ·  reachable: {_reachable(s)}")
     state = s.get("state") or "?"
     phase = s.get("phase")
+    # the worker's phase says more only while training (assisting, restarting...) or when it failed: the last
+    # frame of a peer that stopped must not read "stopping / training"
+    shown = phase and phase != state and (state == "training" or phase == "failed")
     grid.add_row(
         "state",
-        f"{state}{f' / {phase}' if phase and phase != state else ''}  ·  up {format_duration(s.get('uptime_seconds'))}"
+        f"{state}{f' / {phase}' if shown else ''}  ·  up {format_duration(s.get('uptime_seconds'))}"
         f"  ·  {s.get('device') or 'no device yet'}  ·  task {s.get('task')}  ·  swarmd {s.get('swarmd_version')}",
     )
     if s.get("ranks"):
@@ -162,7 +165,8 @@ def _peers(s: dict[str, Any]):
     from rich.text import Text
 
     peers = s.get("peers") or []
-    title = Text.assemble((f"peers ({len(peers)})", "bold"), "  from their signed records in the DHT; * this peer")
+    legend = "; * this peer" if any(p.get("self") for p in peers) else ""  # none in remote mode
+    title = Text.assemble((f"peers ({len(peers)})", "bold"), f"  from their signed records in the DHT{legend}")
     ignored = [Text(f"  ignored {p.get('public_name')} ({_short_id(p.get('peer_id'))}): {p.get('difference')}", style="yellow")
                for p in s.get("incompatible_peers") or []]
     if not peers:
@@ -170,10 +174,11 @@ def _peers(s: dict[str, Any]):
     return Group(title, _PeersTable(peers), *ignored)
 
 
-# (header, justify, cell, essential): the essential columns are all that is drawn in a narrow terminal
+# (header, justify, cell, essential): the essential columns are all that is drawn where the full table does not
+# fit; the peer id is one of them (two peers on one host share its name), as its last characters there
 _PEER_COLUMNS = (
-    ("name", "left", lambda p: p.get("public_name", "?") + (" *" if p.get("self") else ""), True),
-    ("peer id", "left", lambda p: _short_id(p.get("peer_id")), False),
+    ("name", "left", lambda p: _name(p), True),
+    ("peer id", "left", lambda p: _short_id(p.get("peer_id")), True),
     ("role", "left", lambda p: _role(p), False),
     ("state", "left", lambda p: str(p.get("state", "")), True),
     ("epoch", "right", lambda p: str(p.get("local_epoch", "")), True),
@@ -183,24 +188,37 @@ _PEER_COLUMNS = (
     ("up", "right", lambda p: format_duration(p.get("uptime_seconds")), False),
     ("last seen", "right", lambda p: f"{format_duration(p.get('last_seen_seconds'))} ago", True),
 )
-_FULL_TABLE_WIDTH = 110
+_NARROW_CELLS = {"peer id": lambda p: _id_tail(p.get("peer_id"))}
+_NAME_WIDTHS = (12, 24)  # a name is cut to fit, never below the first; the full table drops no column above it
 
 
 class _PeersTable:
-    """The peers table, with fewer columns when the frame is narrower than the full table."""
+    """The peers table: every column where it fits with names of 12 characters, else the essential ones. A long
+    name is cut to the room left (its "*" kept), so that rich never cuts another cell short."""
 
     def __init__(self, peers: list[dict[str, Any]]):
         self.peers = peers
 
     def __rich_console__(self, console, options):
+        from rich.cells import cell_len
         from rich.table import Table
 
-        columns = [c for c in _PEER_COLUMNS if c[3] or options.max_width >= _FULL_TABLE_WIDTH]
+        for narrow in (False, True):
+            columns = [(header, justify, _NARROW_CELLS.get(header, cell) if narrow else cell)
+                       for header, justify, cell, essential in _PEER_COLUMNS if essential or not narrow]
+            rows = [[cell(peer) for _header, _justify, cell in columns] for peer in self.peers]
+            widths = [max(cell_len(header), *(cell_len(row[i]) for row in rows)) for i, (header, _, _) in
+                      enumerate(columns)]
+            # without edges a column takes its width + 2 of padding, and a separator stands between two columns
+            room = options.max_width - (sum(widths) - widths[0]) - 3 * len(columns) + 1  # for the names (column 0)
+            if room >= min(widths[0], _NAME_WIDTHS[0]):
+                break
+        name_width = max(_NAME_WIDTHS[0], min(room, _NAME_WIDTHS[1]))
         table = Table(show_edge=False)
-        for header, justify, _cell, _essential in columns:
+        for header, justify, _cell in columns:
             table.add_column(header, justify=justify, no_wrap=True)
-        for peer in self.peers:
-            table.add_row(*(cell(peer) for _header, _justify, cell, _essential in columns))
+        for peer, row in zip(self.peers, rows):
+            table.add_row(_name(peer, name_width), *row[1:])
         yield table
 
 
@@ -331,6 +349,22 @@ def _short_id(peer_id) -> str:
         return "?"
     peer_id = str(peer_id)
     return peer_id if len(peer_id) <= 14 else f"{peer_id[:6]}…{peer_id[-6:]}"
+
+
+def _name(peer: dict[str, Any], width: int = 10**6) -> str:
+    """The peer's public name within `width` characters, and " *" for this peer (kept when the name is cut)."""
+    mark = " *" if peer.get("self") else ""
+    name = str(peer.get("public_name") or "?")
+    room = width - len(mark)
+    return (name if len(name) <= room else name[:room - 1] + "…") + mark
+
+
+def _id_tail(peer_id) -> str:
+    """The last characters of a peer id: what tells two peers apart where the short id does not fit."""
+    if not peer_id:
+        return "?"
+    peer_id = str(peer_id)
+    return peer_id if len(peer_id) <= 7 else f"…{peer_id[-6:]}"
 
 
 def _count(value) -> str:

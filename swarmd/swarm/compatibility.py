@@ -35,6 +35,11 @@ __all__ = [
 
 logger = logging.getLogger("swarmd.daemon")
 
+# what to do about a difference, whether the run's first peer was started with a config file or with none: the
+# `To join:` line it prints carries its --config, or none for the embedded default
+_USE_THE_RUNS_CONFIG = ("use the run's config: the --config of the `To join:` line its peers print, or no --config "
+                       "(the embedded default) if that line has none")
+
 # Bumped when peers of two swarmd versions cannot train together (the record format, the averaging protocol).
 # 2: Swin's parameters are grouped by weight decay as timm groups them (issue 31): the tensors that peers average
 # come in another order, which the model fingerprint (names, shapes, dtypes) does not see.
@@ -80,19 +85,19 @@ def difference(swarm: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
         return (f"the swarm speaks swarmd protocol {swarm['protocol']}, this swarmd speaks {ours['protocol']}: "
                 "install the swarmd version the run uses")
     if swarm["task"] != ours["task"]:
-        return f"the swarm trains task {swarm['task']}, this config's task is {ours['task']}: use the run's config"
+        return f"the swarm trains task {swarm['task']}, this config's task is {ours['task']}: {_USE_THE_RUNS_CONFIG}"
     if swarm["parameters"] != ours["parameters"]:
         return (f"the swarm trains {_count(swarm['parameters'])} parameters, this config builds "
-                f"{_count(ours['parameters'])}: use the run's config")
+                f"{_count(ours['parameters'])}: {_USE_THE_RUNS_CONFIG}")
     if swarm["model_fingerprint"] != ours["model_fingerprint"]:
         return (f"the swarm's model has other parameter names, shapes or dtypes than this config's (both "
-                f"{_count(ours['parameters'])} parameters): use the run's config")
+                f"{_count(ours['parameters'])} parameters): {_USE_THE_RUNS_CONFIG}")
     # the strategy first: it decides which of the other two means anything
     for key, setting in (("strategy", "swarm.strategy"), ("target_batch_size", "swarm.target_batch_size"),
                          ("inner_steps", "swarm.diloco.inner_steps")):
         if swarm[key] != ours[key]:
             return f"the swarm's {key} is {swarm[key]}, this config's is {ours[key]}: set {setting}: {swarm[key]} " \
-                   "or use the run's config"
+                   f"or {_USE_THE_RUNS_CONFIG}"
     return ""
 
 

@@ -32,6 +32,7 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
         ("network.announce_maddrs", network.announce_maddrs),
     ):
         _check_multiaddrs(field, addresses)
+    _check_ports_free(network.host_maddrs)
     delay = network.bootstrap_retry_delay
     for attempt in range(1, network.bootstrap_attempts + 1):
         dht = _launch(
@@ -110,6 +111,25 @@ def _check_multiaddrs(field: str, addresses) -> None:
             Multiaddr(address)
         except Exception as e:  # hivemind's parser is stricter than our syntax check
             raise ConfigError(f"{field}: {address!r} is not a valid multiaddr: {e}") from None
+
+
+def _check_ports_free(host_maddrs) -> None:
+    """Before p2pd starts: it listens with SO_REUSEPORT, so on a port another peer holds it would bind too and both
+    peers would run on one address (swarm/ports.py)."""
+    from swarmd.swarm.ports import port_taken_by
+
+    for maddr in host_maddrs:
+        parts = maddr.split("/")  # /ip4/ADDRESS/tcp/PORT[/...]
+        if len(parts) < 5 or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
+            continue
+        port = int(parts[4])
+        holder = port_taken_by(parts[2], port)
+        if holder is not None:
+            raise StartupError(
+                f"cannot listen on {maddr}: TCP port {port} is already in use ({holder} listens on it: another swarmd? "
+                f"`ss -ltnp 'sport = :{port}'` names the program); pick another with --host-maddrs "
+                "/ip4/0.0.0.0/tcp/PORT, or tcp/0 for any free port"
+            )
 
 
 class _NotReady(Exception):

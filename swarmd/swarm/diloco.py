@@ -85,6 +85,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
     _running_parts = ("outer_averager", *SwarmOptimizer._running_parts)
     state_averager: DiLoCoStateAverager
     tracker: RoundProgressTracker
+    _said_alone = False  # the last outer step's log said this peer was alone
 
     def __init__(
         self,
@@ -420,8 +421,11 @@ class DiLoCoOptimizer(SwarmOptimizer):
                 "slower peers before sending)",
                 epoch, group_size, duration, overlap, sent.waited, sent.peer_wait,
             )
-        else:
+        elif why != "alone in the swarm":
             logger.warning("Outer step %d on this peer's own pseudo-gradient: %s", epoch, why)
+        elif not self._said_alone:  # as sync says it: info, once until peers come, not a warning every outer step
+            logger.info("Outer step %d on its own pseudo-gradient: alone in the swarm (said once while alone)", epoch)
+        self._said_alone = why == "alone in the swarm"
         self.averaging_log.record(
             "outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why,
             waited=sent.waited if sent.overlapped and sent.control is not None else None, peer_wait=sent.peer_wait,

@@ -145,6 +145,20 @@ def test_a_lone_peer_steps_on_its_own_pseudo_gradient(dht, tmp_path):
         optimizer.shutdown()
 
 
+def test_a_lone_peer_says_it_is_alone_once_at_info_not_a_warning_each_outer_step(dht, tmp_path, caplog):
+    """A solo run is normal (sync says so at info): one line when the peer finds itself alone, none per step."""
+    task, model, optimizer, log = _peer(dht, tmp_path, "diloco-alone-log")
+    try:
+        with caplog.at_level("INFO", logger="swarmd.swarm.diloco"):
+            _train(task, model, optimizer, range(3 * H))
+        assert optimizer.local_epoch == 3
+        lone = [r for r in caplog.records if r.name == "swarmd.swarm.diloco" and "alone in the swarm" in r.getMessage()]
+        assert [r.levelname for r in lone] == ["INFO"], [(r.levelname, r.getMessage()) for r in lone]
+        assert not [r for r in caplog.records if r.name == "swarmd.swarm.diloco" and r.levelno >= 30]
+    finally:
+        optimizer.shutdown()
+
+
 def test_clip_local_grad_norm_clips_each_inner_step(dht, tmp_path):
     """swarm.clip_local_grad_norm under DiLoCo clips every inner step's gradient (it was once ignored there)."""
     clip = 0.05

@@ -96,3 +96,29 @@ def test_the_monitor_sees_the_swarm_and_keeps_its_model(daemons, test_tasks_env,
     peers = next(points for tag, points in scalars.items() if tag.endswith("swarm/alive_peers"))
     assert 2.0 in peers.values(), scalars.keys()
     assert any(tag.endswith("swarm/samples_per_second") for tag in scalars)
+
+
+def test_ctrl_c_stops_the_monitor_with_its_model_kept(daemons, test_tasks_env, tmp_path):
+    """hivemind's averager (the one that downloads the model) sets SIGINT to be ignored; the monitor must take it
+    back, or Ctrl-C does nothing and only kill -TERM stops it."""
+    peer = daemons("peer", config(tmp_path, "peer"), env=test_tasks_env)
+    peer.wait_status(lambda s: s["state"] == "training", timeout=120, what="training")
+    monitor_dir = tmp_path / "monitor"
+    log_path = tmp_path / "monitor.log"
+    log = open(log_path, "wb")
+    command = [sys.executable, "-m", "swarmd", "monitor", "--config", str(peer.config_path), "--state-dir",
+               str(monitor_dir), "--interval", "2", "--keep-every", "0.05", "--metrics-addr", "", *peer.joining_args()]
+    monitor = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                               env={**os.environ, **test_tasks_env, "PYTHONUNBUFFERED": "1"})
+    try:
+        peer.wait_for(lambda: "Kept the swarm's model" in log_path.read_text(), 120, "the monitor to keep the model")
+        ignored = next(int(line.split()[1], 16) for line in open(f"/proc/{monitor.pid}/status") if line.startswith("SigIgn:"))
+        assert not ignored & (1 << (signal.SIGINT - 1)), "SIGINT is ignored"
+        monitor.send_signal(signal.SIGINT)  # Ctrl-C
+        assert monitor.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if monitor.poll() is None:
+            os.killpg(monitor.pid, signal.SIGKILL)
+            monitor.wait(10)
+        log.close()
+    assert (monitor_dir / "model" / "model.safetensors").exists(), log_path.read_text()[-3000:]

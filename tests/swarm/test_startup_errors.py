@@ -84,3 +84,17 @@ def test_state_dir_that_is_a_file_exits_3(tmp_path):
 def test_missing_data_folder_is_a_config_error(tmp_path):
     config = peer_config(task={"name": "swin", "data": {"source": "folder", "path": str(tmp_path / "imagenet")}})
     assert_one_line(join(tmp_path, config=config), 2, "task.data.path", "does not exist")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_another_swarmd_peer_holds_exits_3(daemons, tmp_path, host):
+    """p2pd listens with SO_REUSEPORT: unchecked, a second peer bound the same port too, and both trained and printed
+    the same address to join. The same address, and the default 0.0.0.0 next to a peer on 127.0.0.1, both refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = daemons("first", peer_config(network={"host_maddrs": [f"/ip4/127.0.0.1/tcp/{port}"], "bootstrap_attempts": 1}))
+    first.join_line()  # p2pd listens
+    result = join(tmp_path, "--host-maddrs", f"/ip4/{host}/tcp/{port}")
+    assert_one_line(result, 3, f"TCP port {port} is already in use", "--host-maddrs")
+    assert first.proc.poll() is None  # the first peer trains on

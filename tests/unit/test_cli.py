@@ -122,3 +122,14 @@ def test_remote_status_usage_errors_are_one_line(without_heavy_packages, tmp_pat
         result = run_cli("status", "--json", *args, env=without_heavy_packages)
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)
+
+
+def test_join_refuses_a_peer_id_cut_short_at_once(tmp_path, without_heavy_packages):
+    """Before anything starts (no torch, no hivemind, no 19 s wait): exit 2, one line naming the fix."""
+    cut = "/ip4/127.0.0.1/tcp/31337/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXm"
+    started = time.monotonic()
+    result = run_cli("join", "--state-dir", str(tmp_path / "state"), "--initial-peers", cut, env=without_heavy_packages)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "network.initial_peers" in result.stderr and "cut short" in result.stderr and "`To join:` line" in result.stderr
+    assert time.monotonic() - started < 30

@@ -118,7 +118,9 @@ def test_a_running_peer_leaves_out_peers_that_disagree_and_says_so_once(caplog):
     assert [peer["peer_id"] for peer in kept] == [peers[0]["peer_id"], "QmSame1111111111111111111"]
     assert left_out == [{"peer_id": "QmDiffer22222222222222222", "public_name": "p",
                          "difference": "that peer's target_batch_size is 4096, this config's is 128: "
-                                       "set swarm.target_batch_size: 4096 or use the run's config"}]
+                                       "set swarm.target_batch_size: 4096 or use the run's config: the --config "
+                                       "of the `To join:` line its peers print, or no --config (the embedded "
+                                       "default) if that line has none"}]
     assert len([r for r in caplog.records if "Ignoring peer QmDiffer" in r.getMessage()]) == 1
 
 
@@ -138,3 +140,9 @@ def test_the_status_view_says_which_peers_are_ignored_and_that_the_swarm_is_priv
     frame = console.export_text()
     assert "ignored gamma" in frame and "that peer's target_batch_size is 4096" in frame
     assert "2 other peer(s) allowed (network.allowed_peers)  ·  7 refused" in frame
+
+
+def test_the_advice_says_what_the_runs_config_is_whether_the_run_used_a_file_or_none():
+    for swarm in (ours(parameters=28_300_000), ours(task="swin"), ours(target_batch_size=4096)):
+        line = difference(swarm, ours())
+        assert "the --config of the `To join:` line" in line and "no --config (the embedded default)" in line, line

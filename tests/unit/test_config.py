@@ -45,7 +45,7 @@ def test_environment_names_the_file(tmp_path):
 
 def test_the_ci_tool_switch_is_not_a_config_key():
     # .ci/run exports SWARMD_REQUIRE_TOOLS=1; every daemon a test starts inherits it
-    assert load_config(environ={"SWARMD_REQUIRE_TOOLS": "1"}).run_id == "swarmd-micro"
+    assert load_config(environ={"SWARMD_REQUIRE_TOOLS": "1"}).run_id == "swin-micro"
 
 
 @pytest.mark.parametrize(

@@ -125,3 +125,19 @@ def test_uncaught_exceptions_in_threads_are_one_record(restore_logging, monkeypa
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1 and " ERROR swarmd: Uncaught exception in crasher: boom | with detail" in lines[0]
     assert "RuntimeError: boom" in lines[0]
+
+
+def test_the_join_line_stays_one_line_on_a_narrow_terminal(restore_logging, monkeypatch):
+    """rich wraps records to the terminal; a wrapped `To join:` line, pasted, runs --initial-peers without its address."""
+    from swarmd.logs import UNWRAPPED
+
+    monkeypatch.setenv("COLUMNS", "80")
+    stream = io.StringIO()
+    configure_logging("info", "rich", stream=stream)
+    command = ("swarmd join --config /home/someone/runs/a-config-with-a-long-name.yaml --run-id swin-micro "
+               "--initial-peers /ip4/192.168.1.7/tcp/31337/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")
+    logging.getLogger("swarmd.daemon").info("To join: %s", command, extra=UNWRAPPED)
+    logging.getLogger("swarmd.daemon").info("an ordinary record " * 8)
+    lines = stream.getvalue().splitlines()
+    assert [line for line in lines if "To join:" in line][0].endswith("To join: " + command), lines
+    assert len(lines) > 2  # other records still wrap to the terminal

@@ -17,6 +17,14 @@ def test_the_loss_is_weighted_by_the_samples_trained_since_the_last_read():
     assert totals.loss == pytest.approx((300 * 1.0 + 100 * 2.0) / 400)  # not the mean of means, 1.5
     assert (totals.alive_peers, totals.trainers, totals.samples_per_second, totals.global_epoch) == (2, 2, 40, 7)
     assert (totals.rounds_succeeded, totals.rounds_failed) == (4, 1)
+    assert totals.rounds_at_least == 3  # peer a reported 3 rounds: at least 3 took place, not 5
+
+
+def test_one_round_of_two_peers_is_two_reports_of_at_least_one_round():
+    before = {"a": record("a", samples=0, rate=10, loss=1.0), "b": record("b", samples=0, rate=10, loss=1.0)}
+    now = [record("a", samples=16, rate=10, loss=1.0, ok=1), record("b", samples=16, rate=10, loss=1.0, ok=1)]
+    totals = swarm_totals(now, before, global_epoch=1)
+    assert (totals.rounds_succeeded, totals.rounds_at_least) == (2, 1)
 
 
 def test_first_seen_peers_weigh_by_rate_and_auxiliary_peers_do_not_train():

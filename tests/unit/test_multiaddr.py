@@ -40,3 +40,10 @@ def test_rejects(addr, message):
 def test_initial_peer_needs_a_peer_id():
     with pytest.raises(ValueError, match="no peer id"):
         check_multiaddr("/ip4/1.2.3.4/tcp/31337", require_peer_id=True)
+
+
+@pytest.mark.parametrize("cut", [1, 3, 10])
+def test_a_peer_id_cut_short_is_refused_with_the_fix(cut):
+    """A wrapped `To join:` line pasted in part: hivemind would fail on it only after its start-up timeout."""
+    with pytest.raises(ValueError, match="cut short or mistyped .*copy the whole address from the peer's `To join:` line"):
+        check_multiaddr(f"/ip4/127.0.0.1/tcp/31337/p2p/{ID[:-cut]}", require_peer_id=True)

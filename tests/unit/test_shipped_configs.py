@@ -99,3 +99,11 @@ def _config(name: str) -> Path:
 
 def _parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def test_the_embedded_default_is_swin_micro_run_id_included():
+    """A peer started without --config and one with configs/swin-micro.yaml train together (one run, not two)."""
+    default = load_config(None, environ={}).to_dict()
+    shipped = load_config(_config("swin-micro.yaml"), environ={}).to_dict()
+    assert default["run_id"] == shipped["run_id"] == "swin-micro"
+    assert {**default, "state_dir": None} == {**shipped, "state_dir": None}

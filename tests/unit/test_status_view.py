@@ -58,8 +58,37 @@ def test_a_narrow_terminal_keeps_the_essential_peer_columns():
     for frame in (narrow, wide):
         assert "alpha *" in frame and "beta" in frame and "samples/s" in frame and "last seen" in frame
         assert "96 / 128 samples (75%)" in frame
-    assert "peer id" in wide and "peer id" not in narrow
-    assert "…" not in narrow.split("peers (2)")[1].split("recent averaging")[0]  # nothing cut short
+    table = narrow.split("peers (2)")[1].split("recent averaging")[0]
+    assert "QmYyQS…Wjhx5N" in wide and "…Wjhx5N" in table and "QmYyQS" not in table  # narrow: the id's tail
+    assert "alpha *" in table and "training" in table and "1.7500" in table and "2.0 s ago" in table  # nothing cut
+
+
+def test_two_peers_on_one_host_read_apart_at_80_columns():
+    snapshot = sample_snapshot(time.time())
+    for peer in snapshot["peers"]:
+        peer["public_name"] = "gpu-box-17.lab"  # daemon.public_name defaults to the host name
+    frame = text_of(build_view(snapshot), width=80)
+    rows = [line for line in frame.splitlines() if "gpu-box-1" in line]
+    assert len(rows) == 2 and rows[0] != rows[1]
+    assert "…Wjhx5N" in rows[0] and "…DjiXwV" in rows[1]
+    assert rows[0].split("│")[1].strip().endswith("*")  # this peer's mark survives a name cut to fit
+
+
+def test_remote_mode_has_no_this_peer_legend():
+    remote = {"mode": "remote", "run_id": "unit-run", "initial_peers": ["/ip4/10.0.0.1/tcp/31337/p2p/QmX"],
+              "peers": [{**p, "self": False} for p in sample_snapshot(time.time())["peers"]]}
+    frame = text_of(build_view(remote))
+    assert "peers (2)" in frame and "this peer" not in frame
+    assert "* this peer" in text_of(build_view(sample_snapshot(time.time())))  # a local daemon's frame has it
+
+
+def test_the_last_frame_of_a_stopping_peer_does_not_say_training():
+    snapshot = {**sample_snapshot(time.time()), "state": "stopping", "phase": "training"}
+    frame = text_of(build_view(snapshot, problem="no swarmd daemon answers on /x/swarmd.sock (retrying every 1 s)"))
+    state = next(line for line in frame.splitlines() if "state " in line and "up " in line)
+    assert "stopping" in state and "training" not in state, state
+    restarting = text_of(build_view({**sample_snapshot(time.time()), "phase": "restarting"}))
+    assert "training / restarting" in restarting  # the worker's phase still shows while training
 
 
 def test_the_local_frame_draws_loss_and_throughput_trends_and_reachability():

@@ -88,3 +88,12 @@ def test_the_scan_finds_a_strategy_name_test(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('if config.swarm.strategy == "diloco":\n    pass\nif mode == "sync":\n    pass\n')
     assert _strategy_name_tests(sample, tmp_path) == ["sample.py:1: config.swarm.strategy == 'diloco'"]
+
+
+def test_the_joined_line_says_what_a_round_is_under_each_strategy():
+    """DiLoCo has no target batch: its round is H inner steps of each peer's batch."""
+    sync = load_config(None, environ={}, assignments=["swarm.target_batch_size=1024"])
+    diloco = load_config(None, environ={}, assignments=["swarm.strategy=diloco", "swarm.diloco.inner_steps=50",
+                                                        "swarm.target_batch_size=1024"])
+    assert strategy_of(sync).describe_round(sync.swarm) == "target batch 1024"
+    assert strategy_of(diloco).describe_round(diloco.swarm) == "a round of 50 inner steps x the batch"
