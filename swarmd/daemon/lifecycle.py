@@ -16,18 +16,21 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from typing import Optional
 
 from swarmd.daemon.guarded import bounded, guarded
 from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.runtime import Runtime
+from swarmd.daemon.shared_memory import record_processes, remove_leftovers
 from swarmd.daemon.state_dir import StateDirLock
 from swarmd.daemon.view import LiveView
 from swarmd.errors import ExitCode, SwarmdError
 from swarmd.extension import AveragingRoundFinished, Extension, StepsFinished
 from swarmd.logs import UNWRAPPED
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot, read_swarm_progress
+from swarmd.swarm.children import descendant_pids
 
 __all__ = ["Daemon"]
 
@@ -89,6 +92,7 @@ class Daemon:
         await self._check_compatibility()
         self.runtime = self._build_optimizer(task, model, checkpoint)
         self.runtime.ranks = await self._start_ranks(task, model, device)
+        record_processes(self.config.state_path, [os.getpid(), *descendant_pids()])  # for the next start's sweep
         self.runtime.worker = self._start_worker(device, checkpoint)
         self._set_state("training")
         for extension in self.extensions:
@@ -99,6 +103,7 @@ class Daemon:
         from swarmd.status.server import SOCKET_NAME, StatusServer
 
         self._lock.acquire()
+        remove_leftovers(self.config.state_path)  # torch's shared memory of this state dir's killed processes
         self.status_server = StatusServer(self.config.state_path / SOCKET_NAME, lambda: self.snapshot.to_dict())
         await self.status_server.start()
         for extension in self.extensions:

@@ -125,3 +125,31 @@ def test_only_the_worker_computes_with_several_threads(daemons, test_tasks_env):
     assert "faulty: the model is built with 1 CPU threads" in peer.log
     assert "faulty: step 1 computes with 2 CPU threads" in peer.log
     assert peer.terminate() == 0
+
+
+def test_a_killed_process_tree_leaves_no_shared_memory_once_the_peer_starts_again(daemons, test_tasks_env):
+    """systemd's final SIGKILL of the unit (or the OOM killer on the group) kills torch's shared-memory manager with
+    the peer, and the manager's files stay in /dev/shm; the next start of the same state dir removes them."""
+    import os
+    import signal
+    from pathlib import Path
+
+    peer = daemons("shm", faulty(), env=test_tasks_env)
+    peer.wait_status(lambda s: s["local_epoch"] >= 2, 120, "a few epochs of averagers sharing tensors")
+    pids = [peer.proc.pid, *peer.descendants()]
+    for pid in pids:  # the whole tree at once, torch_shm_manager included, as the unit's cgroup is killed
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    peer.proc.wait(10)
+
+    def files_of_the_killed():
+        return [path for pid in pids for path in Path("/dev/shm").glob(f"torch_{pid}_*")]
+
+    assert files_of_the_killed(), "the kill left no shared memory: this test no longer reproduces the leak"
+    again = daemons("shm-again", faulty(), env=test_tasks_env, state_dir=peer.state_dir)
+    again.wait_status(lambda s: s["state"] == "training", 120, "the restart")
+    assert files_of_the_killed() == []
+    assert "shared-memory file(s)" in again.log and "left in /dev/shm by this peer's previous processes" in again.log
+    assert again.terminate() == 0
