@@ -48,7 +48,7 @@ from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.diloco_state import DiLoCoStateAverager
 from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average, shared_optimizer_options
-from swarmd.swarm.partial_rounds import missing_share
+from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.outer_round import (
     OuterAverager,
     RoundProgressTracker,
@@ -541,7 +541,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
             sent.waited = time.perf_counter() - waiting_since
         missing = missing_share(gathered)
         if missing:  # the group's members now hold different mixes: stepped on its own, apart until repaired
-            return own, "partial", 1, f"{missing:.1%} of the average did not arrive", ""
+            return own, "partial", 1, what_did_not_arrive(missing), ""
         gathered = dict(gathered)
         with torch.no_grad(), self.outer_averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]

@@ -39,7 +39,7 @@ from swarmd.swarm.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
-from swarmd.swarm.partial_rounds import missing_share
+from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.state_stream import shared_copy
 from swarmd.swarm.upstream_names import UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
@@ -104,7 +104,7 @@ class _RecordsRounds(AdmitsAllowedPeers):
                            "epoch's end", 100 * (1 - missing))
             self.resync_requested = True
             self._averaging_log.record("state", "partial", group_size=1, duration=duration, epoch=epoch,
-                                       error=f"{missing:.1%} of the average did not arrive")
+                                       error=what_did_not_arrive(missing))
         else:
             group_size = len(control.result())
             self.rounds_with_others += group_size >= 2
@@ -497,7 +497,7 @@ class SwarmOptimizer(Optimizer):
         )
         self.averaging_log.record(
             "gradients", "partial", group_size=1, duration=duration, epoch=self.local_epoch,
-            error=f"{missing:.1%} of the average did not arrive",
+            error=what_did_not_arrive(missing),
         )
         self.state_averager.resync_requested = True
         self._step_on_own_contribution()

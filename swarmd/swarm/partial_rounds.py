@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from hivemind.averaging import DecentralizedAverager
 
-__all__ = ["PartialGathered", "ReportsPartialRounds", "missing_share"]
+__all__ = ["PartialGathered", "ReportsPartialRounds", "missing_share", "what_did_not_arrive"]
 
 
 class PartialGathered(dict):
@@ -28,6 +28,11 @@ class PartialGathered(dict):
 def missing_share(gathered) -> float:
     """The share of the average that did not arrive in a round whose gathered data this is (0: all of it)."""
     return float(getattr(gathered, "missing", 0.0))
+
+
+def what_did_not_arrive(missing: float) -> str:
+    """A partial round's error, as the averaging log records it for every kind of round."""
+    return f"{missing:.1%} of the average did not arrive"
 
 
 class ReportsPartialRounds(DecentralizedAverager):
