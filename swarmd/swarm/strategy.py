@@ -67,11 +67,8 @@ class Strategy:
     owns: tuple[str, ...]
     averager_suffixes: tuple[str, ...]  # every averager it may run
     state_suffix: str  # the averager whose state a joiner downloads
-    round: Callable[[Any], str]  # what one round (global epoch) of it is, from the swarm config, for the log
-
-    def describe_round(self, swarm_config) -> str:
-        """One round of this strategy in words ("target batch 1024", "a round of 50 inner steps x the batch")."""
-        return self.round(swarm_config)
+    # one round (global epoch) of it in words, from the swarm config, for the log ("target batch 1024")
+    describe_round: Callable[[Any], str]
 
     def compatibility(self, swarm_config) -> dict:
         """The strategy-dependent compatibility fields of this peer: the strategy's own, 0 for the rest."""
@@ -100,7 +97,7 @@ STRATEGIES = {
         "sync", _build_sync,
         agreed=lambda swarm: {"target_batch_size": swarm.target_batch_size}, owns=("target_batch_size",),
         averager_suffixes=(averager_keys.STATE, averager_keys.GRADIENTS), state_suffix=averager_keys.STATE,
-        round=lambda swarm: f"target batch {swarm.target_batch_size}",
+        describe_round=lambda swarm: f"target batch {swarm.target_batch_size}",
     ),
     "diloco": Strategy(
         "diloco", _build_diloco,
@@ -108,7 +105,7 @@ STRATEGIES = {
         agreed=lambda swarm: {"inner_steps": swarm.diloco.inner_steps}, owns=("inner_steps",),
         averager_suffixes=(averager_keys.DILOCO_STATE, averager_keys.DILOCO_OUTER),
         state_suffix=averager_keys.DILOCO_STATE,
-        round=lambda swarm: f"a round of {swarm.diloco.inner_steps} inner steps x the batch",
+        describe_round=lambda swarm: f"a round of {swarm.diloco.inner_steps} inner steps x the batch",
     ),
 }
 
