@@ -58,10 +58,15 @@ class ThrottledProgressTracker(ProgressTracker):
     def _parse_swarm_progress_data(self, metadata):
         progress = super()._parse_swarm_progress_data(metadata)
         own_id = self.dht.peer_id.to_bytes()
-        entries = metadata.values() if isinstance(metadata, dict) else ()
-        self.other_peers = sum(
-            LocalTrainingProgress.parse_obj(entry.value).peer_id != own_id for entry in entries if entry.value is not None
-        )
+        peer_ids = [
+            LocalTrainingProgress.parse_obj(entry.value).peer_id
+            for entry in (metadata.values() if isinstance(metadata, dict) else ()) if entry.value is not None
+        ]
+        # A fetch that shows nobody, not even this peer's own record (which its reporter keeps fresh), failed: a DHT
+        # slow under load answers None. It says nothing about who else is in the swarm, and "alone" would end a
+        # catch-up or an inexact state before any state round evened it out.
+        if peer_ids:
+            self.other_peers = sum(peer_id != own_id for peer_id in peer_ids)
         return progress
 
     def __del__(self):

@@ -143,3 +143,31 @@ def test_a_peer_whose_every_step_completes_an_epoch_keeps_publishing(tracker_on_
     assert tracker.global_epoch == 8
     published_epochs = lambda: {value["epoch"] for _, value in counting.stores if value}  # noqa: E731
     assert wait_until(lambda: 8 in published_epochs(), timeout=2.0), sorted(published_epochs())
+
+
+def test_a_fetch_that_shows_nobody_leaves_the_count_of_other_peers(tracker_on_dht):
+    """A fetch that failed (a DHT slow under load answers None) shows nobody, not even this peer's own record: it
+    says nothing about who else trains, and "alone" would end a catch-up before any state round evened it out."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+    from hivemind.utils import ValueWithExpiration
+
+    tracker, _ = tracker_on_dht(report_interval=0.5)
+    own_id = tracker.dht.peer_id.to_bytes()
+
+    def record(peer_id: bytes):
+        progress = LocalTrainingProgress(
+            peer_id=peer_id, epoch=0, samples_accumulated=0, samples_per_second=1.0, time=get_dht_time(),
+            client_mode=False,
+        )
+        return ValueWithExpiration(progress.dict(), get_dht_time() + 60)
+
+    tracker._parse_swarm_progress_data({b"own": record(own_id), b"other": record(b"another peer")})
+    assert tracker.other_peers == 1
+    tracker._parse_swarm_progress_data(None)  # the fetch failed
+    assert tracker.other_peers == 1
+    tracker._parse_swarm_progress_data({})
+    assert tracker.other_peers == 1
+    tracker._parse_swarm_progress_data({b"other": record(b"another peer")})  # before its own record was stored
+    assert tracker.other_peers == 1
+    tracker._parse_swarm_progress_data({b"own": record(own_id)})  # the others' records expired: alone now
+    assert tracker.other_peers == 0

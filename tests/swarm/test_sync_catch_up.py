@@ -234,7 +234,25 @@ def _train_together_until(peers, done, seeds, what: str, timeout: float = 90) ->
 
 def test_a_refreshed_peer_weighs_next_to_nothing_in_its_next_state_round(dht, tmp_path):
     """The refresh leaves the joiner the optimizer statistics of its older download, so its parameters drift from
-    the swarm's with every step; the next state round evens them out without pulling the swarm's toward them."""
+    the swarm's with every step; the next state round evens them out without pulling the swarm's toward them.
+
+    The measurement needs both peers to keep their states until that round. A machine under load can slow one
+    peer's steps until the other makes an epoch alone: the slow one then downloads a state again (seen in CI: the
+    swarm took the joiner's, so both weighed next to nothing and the round measured nothing). Such a run proves
+    nothing either way; the scenario is run again, in a run of its own, up to three times."""
+    disturbed = []
+    for attempt in range(3):
+        workdir = tmp_path / f"{tmp_path.name}-{attempt}"  # its name is the run id (_run_id)
+        workdir.mkdir()
+        outcome = _refresh_then_state_round(dht, workdir)
+        if outcome is None:
+            return
+        disturbed.append(outcome)
+    pytest.fail(f"every attempt was disturbed by a download the scenario does not take: {disturbed}")
+
+
+def _refresh_then_state_round(dht, tmp_path) -> Optional[str]:
+    """Asserts on a run whose two peers kept their states until the state round; else says what reloaded."""
     from hivemind.utils.crypto import RSAPrivateKey
 
     from swarmd.swarm.optimizer import CATCHING_UP_WEIGHT
@@ -251,8 +269,12 @@ def test_a_refreshed_peer_weighs_next_to_nothing_in_its_next_state_round(dht, tm
         assert joiner[2].state_averager.round_weight == CATCHING_UP_WEIGHT
         assert joiner[2].grad_averager.round_weight is None  # its gradients are taken at the swarm's parameters
         assert joiner[2].state_averager.allow_state_sharing  # a newcomer may have nobody else to download from
+        swarm_loads = swarm[2].state_loads_total
 
         _train_together_until((swarm, joiner), lambda: not joiner[2].inexact_state, seeds, "the next state round")
+        loads = (swarm[2].state_loads_total - swarm_loads, joiner[2].state_loads_total - 2)
+        if loads != (0, 0):
+            return f"downloads after the refresh: swarm {loads[0]}, joiner {loads[1]}"
         state_round = joiner[3].last("state")
         assert state_round.outcome == "success" and state_round.group_size == 2, state_round
         assert joiner[2].state_averager.round_weight is None
@@ -260,6 +282,7 @@ def test_a_refreshed_peer_weighs_next_to_nothing_in_its_next_state_round(dht, tm
         swarm_drift = swarm[2].state_averager.last_parameter_drift
         assert joiner_drift > 1e-4, f"the older statistics did not move the joiner's parameters: drift {joiner_drift}"
         assert swarm_drift < 1e-5, f"the refreshed peer's parameters moved the swarm's: drift {swarm_drift}"
+        return None
     finally:
         _close(swarm, joiner, other_dht)
 
