@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
-from swarmd.status.snapshot import PEER_STATES, REACHABILITY_STATES, Snapshot
+from swarmd.status.snapshot import PEER_STATES, REACHABILITY_MODES, REACHABILITY_STATES, Snapshot
 from swarmd.swarm.outcomes import KINDS, OUTCOMES, outcome_help
 
 __all__ = ["SwarmdMetrics", "DaemonCollector", "GAUGES", "COUNTERS"]
@@ -48,7 +48,7 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_grad_norm", "L2 norm of the gradient the last global step used (the swarm's average, or local).",
      lambda s: s.grad_norm),
     ("swarmd_allowed_peers", "Peers on network.allowed_peers besides this one (absent: an open swarm).",
-     lambda s: s.allowed_peers),
+     lambda s: s.private.allowed_peers if s.private else None),
     ("swarmd_incompatible_peers", "Peers whose records disagree with this peer's model or must-agree settings "
      "(left out of its peers).", lambda s: len(s.incompatible_peers)),
     ("swarmd_parameter_drift_ratio",
@@ -65,6 +65,9 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_state_loads", "Downloads of the model and optimizer state from peers (catching up with the swarm), "
      "or of the parameters alone after a download the swarm outran.",
      lambda s: s.state_loads_total),
+    ("swarmd_aggregation_outliers_clipped", "Senders this peer's share of an averaging round clipped as outliers "
+     "(robust aggregation, swarm.aggregation), one per sender and round: the evidence against a peer that lies.",
+     lambda s: s.outliers_clipped_total),
     ("swarmd_step_failures", "Training steps that raised an error.", lambda s: s.failures_total),
     ("swarmd_nonfinite_steps", "Training steps whose loss or gradients were not finite (not contributed).",
      lambda s: s.nonfinite_steps_total),
@@ -82,7 +85,7 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_rank_checksum_repairs", "Times this peer's ranks were found to hold different parameters and re-synced.",
      lambda s: s.ranks_repairs_total if s.ranks else None),
 )
-# per rank of a multi-device peer (training.devices), labelled {rank, device}: (name, help, key in the rank's row)
+# per rank of a multi-device peer (training.devices), labelled {rank, device}: (name, help, field of RankReport)
 RANK_GAUGES = (
     ("swarmd_rank_samples_per_second", "A rank's forward+backward throughput (its waits for the others excluded).",
      "samples_per_second"),
@@ -155,6 +158,11 @@ class DaemonCollector(Collector):
             "swarmd_reachable", "Whether a peer in the swarm could dial this one back: yes, no, unknown.",
             {name: s.reachable == name for name in REACHABILITY_STATES},
         )
+        yield StateSetMetricFamily(
+            "swarmd_reachability", "How other peers reach this one: direct, client (over the connections it opens), "
+            "relay, unreachable (not from peers behind NAT), unknown.",
+            {name: s.reachability == name for name in REACHABILITY_MODES},
+        )
         for name, documentation, value in GAUGES:
             yield _family(GaugeMetricFamily(name, documentation), value(s))
         for name, documentation, value in COUNTERS:
@@ -196,13 +204,13 @@ def _averaging(s: Snapshot) -> Iterable:
 
 def _refusals(s: Snapshot) -> Iterable:
     """A private swarm's refusals of peers outside its list, by where they tried to act (only when private)."""
-    if s.allowed_peers is None:
+    if s.private is None:
         return
     family = CounterMetricFamily(
         "swarmd_refused", "Records and requests of peers outside network.allowed_peers that this peer refused, by "
         "where: dht_records, join_group, aggregate_part, download_state.", labels=["where"],
     )
-    for where, count in sorted(s.refusals.items()):
+    for where, count in sorted(s.private.refusals.items()):
         family.add_metric([where], float(count))
     yield family
 
@@ -210,9 +218,9 @@ def _refusals(s: Snapshot) -> Iterable:
 def _ranks(s: Snapshot) -> Iterable:
     for name, documentation, key in RANK_GAUGES:
         family = GaugeMetricFamily(name, documentation, labels=["rank", "device"])
-        for row in s.ranks:
-            if row.get(key) is not None:
-                family.add_metric([str(row["rank"]), str(row["device"])], float(row[key]))
+        for row in s.ranks:  # ranks/rank_stats.py RankReport
+            if getattr(row, key) is not None:
+                family.add_metric([str(row.rank), str(row.device)], float(getattr(row, key)))
         yield family
 
 
@@ -232,10 +240,9 @@ def _readings(s: Snapshot) -> Iterable:
     yield task
     memory = GaugeMetricFamily("swarmd_cuda_memory_bytes", "CUDA memory of the worker's device: allocated by "
                                "tensors, reserved by the caching allocator.", labels=["device", "kind"])
-    for row in s.cuda_memory:
-        for kind in ("allocated", "reserved"):
-            if row.get(f"{kind}_bytes") is not None:
-                memory.add_metric([str(row["device"]), kind], float(row[f"{kind}_bytes"]))
+    for row in s.cuda_memory:  # worker/stats.py CudaMemory
+        memory.add_metric([str(row.device), "allocated"], float(row.allocated_bytes))
+        memory.add_metric([str(row.device), "reserved"], float(row.reserved_bytes))
     yield memory
 
 

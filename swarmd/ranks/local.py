@@ -14,9 +14,19 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["LocalRanks", "OneRank", "start_local_ranks"]
+__all__ = ["LocalRanks", "OneRank", "RanksReport", "start_local_ranks"]
 
 _CONNECT_TIMEOUT = 300.0  # every rank imports torch, builds the task and the model before it reports ready
+
+
+@dataclass(frozen=True)
+class RanksReport:
+    """What the status shows of a peer's ranks (status/snapshot.py: devices, ranks, ranks_dead, ranks_repairs_total)."""
+
+    devices: tuple = ()  # one per rank, rank 0's first
+    ranks: tuple = ()  # ranks/rank_stats.py RankReport of each rank
+    dead: Optional[str] = None  # "rank 1 (cpu) was killed by SIGKILL"
+    repairs_total: int = 0  # replicas found to differ (checksum) and re-broadcast
 
 
 @dataclass
@@ -30,14 +40,13 @@ class LocalRanks:
         """"rank 1 (cpu) was killed by SIGKILL", or None while every rank lives."""
         return self.group.dead_rank()
 
-    def report(self) -> dict[str, Any]:
-        """What the status shows of the ranks (status/snapshot.py: devices, ranks, ranks_dead, ...)."""
-        return {
-            "devices": self.devices,
-            "ranks": tuple(self.stats.snapshot()),
-            "ranks_dead": self.dead_rank(),
-            "ranks_repairs_total": self.sync.repairs_total,
-        }
+    def report(self) -> RanksReport:
+        return RanksReport(
+            devices=tuple(self.devices),
+            ranks=self.stats.snapshot(),
+            dead=self.dead_rank(),
+            repairs_total=self.sync.repairs_total,
+        )
 
     def stop(self) -> None:
         """From the worker, after its last step: the ranks leave their loop (and their exit is expected)."""
@@ -79,8 +88,8 @@ class OneRank:
     def dead_rank(self) -> Optional[str]:
         return None
 
-    def report(self) -> None:
-        return None  # the status shows no ranks
+    def report(self) -> RanksReport:
+        return RanksReport()  # the status shows no ranks, and rank 0's device (the identity's) as the only one
 
     def stop(self) -> None:
         pass

@@ -9,11 +9,24 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Optional
 
-__all__ = ["RankStats"]
+__all__ = ["RankStats", "RankReport"]
 
 _WINDOW_STEPS = 50  # the same window the worker's own samples/s uses (worker/stats.py)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank's figures: what `swarmd status --json` shows under "ranks" (a CPU rank's row has no CUDA keys)."""
+
+    rank: int
+    device: str
+    samples_total: int
+    samples_per_second: float  # compute throughput (forward + backward), not counting the waits for the other ranks
+    cuda_allocated_bytes: Optional[int] = None  # CUDA ranks only: held by tensors at the last step
+    cuda_reserved_bytes: Optional[int] = None  # and by the caching allocator
 
 
 class RankStats:
@@ -35,22 +48,20 @@ class RankStats:
                 self._memory[step.rank] = (step.cuda_allocated_bytes, step.cuda_reserved_bytes)
                 self._samples_total[step.rank] += step.samples
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """One entry per rank: what `swarmd status --json` shows under "ranks"."""
+    def snapshot(self) -> tuple[RankReport, ...]:
+        """One report per rank, rank 0's first."""
         with self._lock:
             rows = []
             for rank, device in enumerate(self.devices):
                 samples = sum(s for s, _ in self._window[rank])
                 seconds = sum(t for _, t in self._window[rank])
-                allocated, reserved = self._memory[rank]
-                row: dict[str, Any] = {
-                    "rank": rank,
-                    "device": device,
-                    "samples_total": self._samples_total[rank],
-                    # compute throughput (forward + backward), not counting the waits for the other ranks
-                    "samples_per_second": round(samples / seconds, 3) if seconds > 0 else 0.0,
-                }
-                if device.startswith("cuda"):
-                    row["cuda_allocated_bytes"], row["cuda_reserved_bytes"] = allocated, reserved
-                rows.append(row)
-            return rows
+                allocated, reserved = self._memory[rank] if device.startswith("cuda") else (None, None)
+                rows.append(RankReport(
+                    rank=rank,
+                    device=device,
+                    samples_total=self._samples_total[rank],
+                    samples_per_second=round(samples / seconds, 3) if seconds > 0 else 0.0,
+                    cuda_allocated_bytes=allocated,
+                    cuda_reserved_bytes=reserved,
+                ))
+            return tuple(rows)

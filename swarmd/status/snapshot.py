@@ -2,8 +2,13 @@
 systemd STATUS line and the progress log all read.
 
 The daemon builds it in one place (`Daemon._refresh_snapshot`, on the event loop, every tick and on each change
-of state) with `build_snapshot`; every reader gets that same frozen object (or its `to_dict()`, which is what the
-status socket serves). API_VERSION changes when a key is renamed or removed (adding keys does not change it).
+of state) with `build_snapshot`, from the typed parts its owners report: the swarm's progress (SwarmProgress), the
+worker's report with its readings (worker/stats.py WorkerReport, WorkerReadings, CudaMemory), the ranks' report
+(ranks/local.py RanksReport, ranks/rank_stats.py RankReport), the averaging summary (swarm/averaging_log.py), the
+checkpointer's CheckpointInfo; then each extension's typed fields (the private swarm's PrivateSwarmInfo, the
+watchdog, the network bytes, the tracking). Every reader gets that same frozen object (or its `to_dict()`, which is
+what the status socket serves). API_VERSION changes when a key of `to_dict()` is renamed or removed, or its value
+changes shape (adding keys does not change it); tests/unit/test_snapshot_api.py pins them.
 No torch or hivemind import: `swarmd status` and the metrics read this.
 """
 
@@ -18,11 +23,13 @@ from typing import Any, Mapping, Optional
 from swarmd import __version__
 from swarmd.swarm.averaging_log import AveragingRound, AveragingSummary
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
+from swarmd.swarm.private import PrivateSwarmInfo
 
 __all__ = [
     "API_VERSION",
     "PEER_STATES",
     "REACHABILITY_STATES",
+    "REACHABILITY_MODES",
     "Snapshot",
     "Identity",
     "SwarmProgress",
@@ -37,8 +44,12 @@ __all__ = [
 ]
 
 API_VERSION = 1
+_CUDA_ONLY = ("cuda_allocated_bytes", "cuda_reserved_bytes")  # keys of a rank's row (RankReport) a CPU rank lacks
 PEER_STATES = ("starting", "joining", "training", "stopping")  # the daemon's states (`phase` is the worker's)
 REACHABILITY_STATES = ("yes", "no", "unknown")  # can other peers dial this one (swarm/reachability.py)
+# how other peers reach this one (swarm/reachability.py reachability_mode): dialing it, over the connections it opens
+# as a client, through a relay's address it announces; unreachable (no path from peers behind NAT); not known yet
+REACHABILITY_MODES = ("direct", "client", "relay", "unreachable", "unknown")
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class SwarmProgress:
     eta_seconds: Optional[float]
     state_loads_total: int
     parameter_drift: Optional[float] = None
+    outliers_clipped_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,9 @@ class Snapshot:
     target_batch_size: Optional[int] = None
     eta_seconds: Optional[float] = None
     state_loads_total: int = 0
+    # senders this peer's share of the all-reduces clipped as outliers, one per sender and round
+    # (swarm/robust_aggregation.py): the evidence against a peer that lies
+    outliers_clipped_total: int = 0
     # L2 distance of this peer's parameters from the swarm's average at the last state averaging, over the average's
     # norm (None until one): how far failed or rejected gradient rounds let it drift between parameter averagings
     parameter_drift: Optional[float] = None
@@ -173,21 +188,21 @@ class Snapshot:
     loss_history: tuple = ()  # ((epoch, mean loss), ...)
     rate_history: tuple = ()  # ((epoch, samples/s), ...)
     step_metrics: dict = field(default_factory=dict)  # the task's extras of the last step (e.g. train accuracy)
-    learning_rates: tuple = ()  # per param group, read by the worker at each epoch
+    # the worker's readings of each epoch (worker/stats.py WorkerReadings)
+    learning_rates: tuple = ()  # per param group
     # the local epoch the worker read learning_rates, loss_scale, grad_norm and cuda_memory at: for a moment after
     # the optimizer's epoch changed they are still the previous epoch's
     readings_epoch: Optional[int] = None
     loss_scale: Optional[float] = None  # fp16 only
     grad_norm: Optional[float] = None  # of the (averaged) gradient of the last global step
-    cuda_memory: tuple = ()  # ({device, allocated_bytes, reserved_bytes}, ...) of the worker's CUDA devices
+    cuda_memory: tuple = ()  # worker/stats.py CudaMemory of each of the worker's CUDA devices
     failures_total: int = 0
     nonfinite_steps_total: int = 0
     restores_total: int = 0
     last_error: str = ""
     evaluation: Optional[Evaluation] = None
     checkpoint: Optional[CheckpointInfo] = None
-    # the peer's ranks (training.devices; empty for a one-rank peer): per rank {rank, device, samples_total,
-    # samples_per_second (its forward+backward), cuda_allocated_bytes, cuda_reserved_bytes (CUDA only)}
+    # the peer's ranks (training.devices; empty for a one-rank peer): ranks/rank_stats.py RankReport per rank
     ranks: tuple = ()
     ranks_dead: Optional[str] = None  # "rank 1 (cpu) was killed by SIGKILL"
     ranks_repairs_total: int = 0  # replicas found to differ (checksum) and re-broadcast
@@ -201,12 +216,12 @@ class Snapshot:
     peers: tuple = ()  # the swarm's peer records (swarm/peer_records.py PeerRecord fields + last_seen_seconds, self)
     peer_records_rejected_total: int = 0
     reachable: str = "unknown"  # one of REACHABILITY_STATES
+    reachability: str = "unknown"  # one of REACHABILITY_MODES
     compatibility: Optional[dict] = None  # what peers must agree on (swarm/compatibility.py), once the model is built
     start_values: str = ""  # "<epoch>:<hash>" of the parameters this peer started training from (initial_state.py)
     incompatible_peers: tuple = ()  # ({peer_id, public_name, difference}, ...): records left out of `peers`
-    # a private swarm (network.allowed_peers; swarm/private.py): None in an open swarm
-    allowed_peers: Optional[int] = None  # peer ids on the list besides this peer
-    refusals: dict = field(default_factory=dict)  # {where (swarm/allowlist.py WHERE): requests and records refused}
+    # a private swarm (network.allowed_peers): None in an open swarm; its two fields are top-level keys in to_dict()
+    private: Optional[PrivateSwarmInfo] = None
     watchdog: Optional[WatchdogInfo] = None
     network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
     tracking: Optional[TrackingInfo] = None
@@ -216,8 +231,18 @@ class Snapshot:
     observer_peer_id: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data: what the status socket serves."""
-        return dataclasses.asdict(self)
+        """Plain JSON-able data: what the status socket serves (the keys and shapes of API_VERSION)."""
+        data: dict[str, Any] = {}
+        for name, value in dataclasses.asdict(self).items():
+            if name == "private":  # API 1 has a private swarm's figures at the top, null and {} in an open swarm
+                data["allowed_peers"] = value["allowed_peers"] if value else None
+                data["refusals"] = value["refusals"] if value else {}
+            elif name == "ranks":  # API 1's row of a CPU rank has no CUDA keys
+                data[name] = tuple({k: v for k, v in row.items() if v is not None or k not in _CUDA_ONLY}
+                                   for row in value)
+            else:
+                data[name] = value
+        return data
 
     def averaging_total(self, outcomes) -> int:
         """Rounds of every kind that ended in one of `outcomes`."""
@@ -241,6 +266,7 @@ def read_swarm_progress(optimizer) -> SwarmProgress:
         eta_seconds=_eta(progress.eta_next_epoch, time.time()),
         state_loads_total=optimizer.state_loads_total,
         parameter_drift=getattr(getattr(optimizer, "state_averager", None), "last_parameter_drift", None),
+        outliers_clipped_total=getattr(optimizer, "outliers_clipped_total", 0),
     )
 
 
@@ -252,10 +278,28 @@ def build_snapshot(
     worker=None,  # worker/stats.py WorkerReport
     averaging: Optional[AveragingSummary] = None,
     checkpoint: Optional[CheckpointInfo] = None,
-    ranks: Optional[Mapping[str, Any]] = None,  # ranks/local.py LocalRanks.report(), for a peer of several ranks
+    ranks=None,  # ranks/local.py RanksReport (empty for a one-rank peer)
 ) -> Snapshot:
-    """The snapshot from what the daemon's parts report (any may be None while starting)."""
-    fields: dict[str, Any] = dict(
+    """The snapshot from what the daemon's parts report (any may be None while starting).
+
+    Each part fills its own fields; a field two parts claim is a TypeError here, not a silent overwrite."""
+    written = checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total)
+    return Snapshot(
+        **_identity_fields(identity),
+        state=state,
+        phase=worker.phase if worker is not None else state,
+        uptime_seconds=round(time.time() - identity.started_at, 3),
+        target_batch_size=progress.target_batch_size if progress is not None else identity.target_batch_size,
+        checkpoint=checkpoint if written else None,
+        **_ranks_fields(ranks, identity.device),
+        **_progress_fields(progress),
+        **_worker_fields(worker),
+        **_averaging_fields(averaging),
+    )
+
+
+def _identity_fields(identity: Identity) -> dict[str, Any]:
+    return dict(
         run_id=identity.run_id,
         public_name=identity.public_name,
         task=identity.task,
@@ -268,38 +312,40 @@ def build_snapshot(
         visible_maddrs=tuple(identity.visible_maddrs),
         compatibility=dict(identity.compatibility) if identity.compatibility else None,
         start_values=identity.start_values,
-        state=state,
-        phase=worker.phase if worker is not None else state,
-        uptime_seconds=round(time.time() - identity.started_at, 3),
-        target_batch_size=progress.target_batch_size if progress is not None else identity.target_batch_size,
-        averaging={kind: {outcome: 0 for outcome in OUTCOMES} for kind in KINDS},
     )
-    if checkpoint is not None and (checkpoint.epoch is not None or checkpoint.failures_total):
-        fields["checkpoint"] = checkpoint
-    fields["devices"] = (identity.device,) if identity.device else ()
-    fields.update(ranks or {})
-    if progress is not None:
-        fields.update(_progress_fields(progress))
-    if worker is not None:
-        fields.update(_worker_fields(worker))
-    if averaging is not None:
-        for (kind, outcome), count in averaging.counts.items():
-            fields["averaging"].setdefault(kind, {})[outcome] = count
-        fields.update(
-            last_averaging=averaging.last,
-            last_averaging_by_kind=dict(averaging.last_by_kind),
-            recent_averaging=tuple(averaging.recent),
-        )
-    return Snapshot(**fields)
 
 
-def _progress_fields(progress: SwarmProgress) -> dict[str, Any]:
-    names = ("local_epoch", "global_epoch", "num_peers", "num_clients", "samples_accumulated", "eta_seconds",
-             "state_loads_total", "parameter_drift")
-    return {name: getattr(progress, name) for name in names}
+def _ranks_fields(ranks, device: Optional[str]) -> dict[str, Any]:
+    if ranks is None or not ranks.devices:  # one rank: the identity's device
+        return dict(devices=(device,) if device else ())
+    return dict(
+        devices=tuple(ranks.devices),
+        ranks=tuple(ranks.ranks),
+        ranks_dead=ranks.dead,
+        ranks_repairs_total=ranks.repairs_total,
+    )
+
+
+def _progress_fields(progress: Optional[SwarmProgress]) -> dict[str, Any]:
+    if progress is None:
+        return {}
+    return dict(
+        local_epoch=progress.local_epoch,
+        global_epoch=progress.global_epoch,
+        num_peers=progress.num_peers,
+        num_clients=progress.num_clients,
+        samples_accumulated=progress.samples_accumulated,
+        eta_seconds=progress.eta_seconds,
+        state_loads_total=progress.state_loads_total,
+        parameter_drift=progress.parameter_drift,
+        outliers_clipped_total=progress.outliers_clipped_total,
+    )
 
 
 def _worker_fields(worker) -> dict[str, Any]:
+    if worker is None:
+        return {}
+    readings = worker.readings
     return dict(
         samples_per_second=round(worker.samples_per_second, 3),
         samples_total=worker.samples_total,
@@ -310,16 +356,31 @@ def _worker_fields(worker) -> dict[str, Any]:
         loss_history=tuple((epoch, loss) for epoch, loss in worker.loss_history),
         rate_history=tuple((epoch, round(rate, 3)) for epoch, rate in worker.rate_history),
         step_metrics=dict(worker.step_metrics),
-        learning_rates=tuple(worker.readings.get("learning_rates") or ()),
-        readings_epoch=worker.readings.get("epoch"),
-        loss_scale=worker.readings.get("loss_scale"),
-        grad_norm=worker.readings.get("grad_norm"),
-        cuda_memory=tuple(worker.readings.get("cuda_memory") or ()),
+        learning_rates=tuple(readings.learning_rates),
+        readings_epoch=readings.epoch,
+        loss_scale=readings.loss_scale,
+        grad_norm=readings.grad_norm,
+        cuda_memory=tuple(readings.cuda_memory),
         failures_total=worker.failures_total,
         nonfinite_steps_total=worker.nonfinite_steps_total,
         restores_total=worker.restores_total,
         last_error=worker.last_error,
         evaluation=Evaluation(*worker.evaluation) if worker.evaluation else None,
+    )
+
+
+def _averaging_fields(summary: Optional[AveragingSummary]) -> dict[str, Any]:
+    """Every kind and outcome present (0 until a round), then the summary's rounds."""
+    table = {kind: {outcome: 0 for outcome in OUTCOMES} for kind in KINDS}
+    if summary is None:
+        return dict(averaging=table)
+    for (kind, outcome), count in summary.counts.items():
+        table.setdefault(kind, {})[outcome] = count
+    return dict(
+        averaging=table,
+        last_averaging=summary.last,
+        last_averaging_by_kind=dict(summary.last_by_kind),
+        recent_averaging=tuple(summary.recent),
     )
 
 

@@ -13,17 +13,26 @@ longer reads is logged and the previous one kept.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from swarmd.config.peer_list import AllowListError, read_allowed_peers
 from swarmd.extension import DaemonView, Extension
 from swarmd.errors import ConfigError
 
-__all__ = ["ACTIVE_LIST_FILE", "PrivateSwarm"]
+__all__ = ["ACTIVE_LIST_FILE", "PrivateSwarm", "PrivateSwarmInfo"]
 
 logger = logging.getLogger("swarmd.private")
 
 ACTIVE_LIST_FILE = "allowed_peers.active"  # in the state dir: the list every process of this peer reads
+
+
+@dataclass(frozen=True)
+class PrivateSwarmInfo:
+    """What the status shows of a private swarm (the snapshot's `private`; None in an open swarm)."""
+
+    allowed_peers: int  # peer ids on the list besides this peer
+    refusals: dict = field(default_factory=dict)  # {where (swarm/allowlist.py WHERE): requests and records refused}
 
 
 class PrivateSwarm(Extension):
@@ -75,12 +84,13 @@ class PrivateSwarm(Extension):
                     len(after - {self.allow_list.own_peer_id}), len(after - before), len(before - after))
 
     def snapshot_fields(self) -> dict[str, Any]:
-        if self.allow_list is None:
-            return {}
-        return {
-            "allowed_peers": len(self.allow_list.peers - {self.allow_list.own_peer_id}),
-            "refusals": self.allow_list.refusals(),
-        }
+        return {"private": self.info()} if self.allow_list is not None else {}
+
+    def info(self) -> PrivateSwarmInfo:
+        return PrivateSwarmInfo(
+            allowed_peers=len(self.allow_list.peers - {self.allow_list.own_peer_id}),
+            refusals=self.allow_list.refusals(),
+        )
 
     def _read(self) -> frozenset:
         try:

@@ -10,9 +10,9 @@
   per evaluation                    eval/<metric> at the evaluated epoch
   every tracking.log_every_steps    loss_metrics/recent_avg_loss on the local_step axis
 
-The functions read the snapshot's plain form (status/snapshot.py `Snapshot.to_dict()`, what the status socket
-serves); a key it does not carry (None, or metrics off for the network bytes) is simply not logged. The tick only
-puts records on the fan-out's queue: no backend runs on the event loop.
+The functions read the snapshot's attributes (status/snapshot.py Snapshot and its typed parts); a value it does
+not carry (None, or metrics off for the network bytes) is simply not logged. The tick only puts records on the
+fan-out's queue: no backend runs on the event loop.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 from typing import Any, Iterator, Optional
 
 from swarmd.extension import DaemonView, Extension
+from swarmd.status.snapshot import Evaluation, Snapshot, TrackingInfo
 
 __all__ = ["TrackingExtension", "SnapshotDiff", "epoch_scalars", "averaging_scalars", "evaluation_scalars"]
 
@@ -31,8 +32,8 @@ _GIB = 1024**3
 _CLOSE_TIMEOUT = 20.0  # seconds for the backends to flush at shutdown (a wandb upload may take a while)
 
 
-def epoch_scalars(snapshot: dict[str, Any]) -> dict[str, float]:
-    """The scalars of the epoch `snapshot["local_epoch"]` (names in the style of torchtitan's metrics)."""
+def epoch_scalars(snapshot: Snapshot) -> dict[str, float]:
+    """The scalars of the epoch `snapshot.local_epoch` (names in the style of torchtitan's metrics)."""
     scalars: dict[str, float] = {}
 
     def put(name: str, value) -> None:
@@ -41,59 +42,56 @@ def epoch_scalars(snapshot: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, (int, float)):
             scalars[name] = float(value)
 
-    for index, lr in enumerate(snapshot.get("learning_rates") or []):
+    s = snapshot
+    for index, lr in enumerate(s.learning_rates):
         put(f"lr/group_{index}", lr)
-    put("loss_metrics/loss_scale", snapshot.get("loss_scale"))
-    put("loss_metrics/grad_norm", snapshot.get("grad_norm"))
+    put("loss_metrics/loss_scale", s.loss_scale)
+    put("loss_metrics/grad_norm", s.grad_norm)
 
-    put("throughput/local_samples_per_second", snapshot.get("samples_per_second"))
-    peers = snapshot.get("peers") or []
-    if peers:  # each peer's signed record (this one's included) carries its recent throughput
-        put("throughput/swarm_samples_per_second", sum(p.get("samples_per_second") or 0.0 for p in peers))
-    put("throughput/samples_total", snapshot.get("samples_total"))
-    put("throughput/steps_total", snapshot.get("steps_total"))
+    put("throughput/local_samples_per_second", s.samples_per_second)
+    if s.peers:  # each peer's signed record (this one's included) carries its recent throughput
+        put("throughput/swarm_samples_per_second", sum(p.get("samples_per_second") or 0.0 for p in s.peers))
+    put("throughput/samples_total", s.samples_total)
+    put("throughput/steps_total", s.steps_total)
 
-    put("swarm/local_epoch", snapshot.get("local_epoch"))
-    put("swarm/global_epoch", snapshot.get("global_epoch"))
-    put("swarm/num_peers", snapshot.get("num_peers"))
-    put("swarm/num_clients", snapshot.get("num_clients"))
-    put("swarm/target_batch_size", snapshot.get("target_batch_size"))
+    put("swarm/local_epoch", s.local_epoch)
+    put("swarm/global_epoch", s.global_epoch)
+    put("swarm/num_peers", s.num_peers)
+    put("swarm/num_clients", s.num_clients)
+    put("swarm/target_batch_size", s.target_batch_size)
 
-    for kind, outcomes in (snapshot.get("averaging") or {}).items():
+    for kind, outcomes in s.averaging.items():
         for outcome, count in outcomes.items():
             put(f"averaging/{kind}_{outcome}_total", count)
-    put("averaging/state_loads_total", snapshot.get("state_loads_total"))
+    put("averaging/state_loads_total", s.state_loads_total)
 
-    network = snapshot.get("network") or {}
-    put("network/sent_bytes_total", network.get("sent_bytes"))
-    put("network/received_bytes_total", network.get("received_bytes"))
+    if s.network is not None:
+        put("network/sent_bytes_total", s.network.sent_bytes)
+        put("network/received_bytes_total", s.network.received_bytes)
 
-    for name, value in (snapshot.get("step_metrics") or {}).items():
+    for name, value in s.step_metrics.items():
         put(f"train_metrics/{name}", value)
 
-    for device in snapshot.get("cuda_memory") or []:
-        label = device.get("device", "cuda")
-        if device.get("allocated_bytes") is not None:
-            put(f"memory/{label}/allocated(GiB)", device["allocated_bytes"] / _GIB)
-        if device.get("reserved_bytes") is not None:
-            put(f"memory/{label}/reserved(GiB)", device["reserved_bytes"] / _GIB)
+    for device in s.cuda_memory:  # worker/stats.py CudaMemory
+        put(f"memory/{device.device}/allocated(GiB)", device.allocated_bytes / _GIB)
+        put(f"memory/{device.device}/reserved(GiB)", device.reserved_bytes / _GIB)
     return scalars
 
 
-def averaging_scalars(round_: dict[str, Any]) -> dict[str, float]:
-    """One averaging round (an AveragingRound dict): did it succeed, how long, with how many."""
-    kind = round_["kind"]
+def averaging_scalars(round_) -> dict[str, float]:
+    """One averaging round (swarm/averaging_log.py AveragingRound): did it succeed, how long, with how many."""
+    kind = round_.kind
     return {
-        f"averaging/{kind}_success": 1.0 if round_.get("outcome") == "success" else 0.0,
-        f"averaging/{kind}_duration(s)": float(round_.get("duration_seconds") or 0.0),
-        f"averaging/{kind}_group_size": float(round_.get("group_size") or 0),
+        f"averaging/{kind}_success": 1.0 if round_.outcome == "success" else 0.0,
+        f"averaging/{kind}_duration(s)": float(round_.duration_seconds or 0.0),
+        f"averaging/{kind}_group_size": float(round_.group_size or 0),
     }
 
 
-def evaluation_scalars(evaluation: dict[str, Any]) -> dict[str, float]:
+def evaluation_scalars(evaluation: Evaluation) -> dict[str, float]:
     return {
         f"eval/{name}": float(value)
-        for name, value in (evaluation.get("metrics") or {}).items()
+        for name, value in (evaluation.metrics or {}).items()
         if isinstance(value, (int, float)) and not isinstance(value, bool)
     }
 
@@ -109,40 +107,40 @@ class SnapshotDiff:
         self._eval_epoch: Optional[int] = None
         self._step_bucket: Optional[int] = None
 
-    def records(self, snapshot: dict[str, Any]) -> Iterator[tuple[dict[str, float], int, str]]:
-        epoch = snapshot.get("local_epoch")
-        if epoch is None or snapshot.get("state") != "training":
+    def records(self, snapshot: Snapshot) -> Iterator[tuple[dict[str, float], int, str]]:
+        epoch = snapshot.local_epoch
+        if epoch is None or snapshot.state != "training":
             return
         first = self._epoch is None
         # the worker reads the epoch's learning rates and gradient norm just after the optimizer's epoch changed: a
         # tick in between would log the previous epoch's under this one; the next tick logs them
-        readings_epoch = snapshot.get("readings_epoch")
+        readings_epoch = snapshot.readings_epoch
         if epoch != self._epoch and (readings_epoch is None or readings_epoch >= epoch):
             self._epoch = epoch
             yield epoch_scalars(snapshot), epoch, "epoch"
 
         # Loss buckets close on the worker's thread just after the epoch changes: take each as it appears.
-        for bucket_epoch, loss in snapshot.get("loss_history") or []:
+        for bucket_epoch, loss in snapshot.loss_history:
             if self._loss_epoch is None or bucket_epoch > self._loss_epoch:
                 self._loss_epoch = bucket_epoch
                 yield {"loss_metrics/epoch_avg_loss": float(loss)}, bucket_epoch, "epoch"
 
-        rounds = sorted(snapshot.get("recent_averaging") or [], key=lambda r: r.get("time") or 0.0)
+        rounds = sorted(snapshot.recent_averaging, key=lambda r: r.time)
         for round_ in rounds:
-            if first or (self._round_time is not None and round_["time"] <= self._round_time):
+            if first or (self._round_time is not None and round_.time <= self._round_time):
                 continue  # on the first tick: history from before tracking started is in the totals already
-            yield averaging_scalars(round_), round_["epoch"], "epoch"
+            yield averaging_scalars(round_), round_.epoch, "epoch"
         if rounds:
-            self._round_time = max(self._round_time or 0.0, rounds[-1]["time"])
+            self._round_time = max(self._round_time or 0.0, rounds[-1].time)
 
-        evaluation = snapshot.get("evaluation")
-        if evaluation and evaluation.get("epoch") is not None and evaluation["epoch"] != self._eval_epoch:
-            self._eval_epoch = evaluation["epoch"]
+        evaluation = snapshot.evaluation
+        if evaluation is not None and evaluation.epoch != self._eval_epoch:
+            self._eval_epoch = evaluation.epoch
             scalars = evaluation_scalars(evaluation)
             if scalars:
-                yield scalars, evaluation["epoch"], "epoch"
+                yield scalars, evaluation.epoch, "epoch"
 
-        steps, loss = snapshot.get("steps_total") or 0, snapshot.get("loss")
+        steps, loss = snapshot.steps_total, snapshot.loss
         if self.log_every_steps and loss is not None and steps:
             bucket = steps // self.log_every_steps
             if bucket != self._step_bucket:
@@ -164,16 +162,14 @@ class TrackingExtension(Extension):
         # Not in start(): a daemon that fails to start leaves no empty runs behind.
         self.fanout.start()
 
-    async def tick(self, view: DaemonView, snapshot) -> None:
-        self.observe(snapshot.to_dict())
+    async def tick(self, view: DaemonView, snapshot: Snapshot) -> None:
+        self.observe(snapshot)
 
-    def observe(self, snapshot: dict[str, Any]) -> None:
+    def observe(self, snapshot: Snapshot) -> None:
         for scalars, step, axis in self.diff.records(snapshot):
             self.fanout.log(scalars, step, axis)
 
     def snapshot_fields(self) -> dict[str, Any]:
-        from swarmd.status.snapshot import TrackingInfo
-
         return {
             "tracking": TrackingInfo(
                 backends=tuple(self.fanout.active),

@@ -18,10 +18,30 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-__all__ = ["WorkerStats", "WorkerReport", "Activity"]
+__all__ = ["WorkerStats", "WorkerReport", "WorkerReadings", "CudaMemory", "Activity"]
 
 # (what the worker is doing, seconds since it began, its budget in seconds or None)
 Activity = tuple[str, float, Optional[float]]
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    """One CUDA device's memory, from PyTorch's allocator counters (reading them needs no device sync)."""
+
+    device: str  # "cuda:N"
+    allocated_bytes: int  # held by tensors
+    reserved_bytes: int  # held by the caching allocator (what nvidia-smi shows, minus the CUDA context)
+
+
+@dataclass(frozen=True)
+class WorkerReadings:
+    """What the worker reads once per epoch (worker/readings.py epoch_readings), between steps."""
+
+    epoch: Optional[int] = None  # the optimizer's local epoch they were read at
+    learning_rates: tuple = ()  # per param group
+    loss_scale: Optional[float] = None  # fp16 only
+    grad_norm: Optional[float] = None  # of the (averaged) gradient of the last global step
+    cuda_memory: tuple = ()  # CudaMemory of each of the worker's CUDA devices
 
 
 @dataclass(frozen=True)
@@ -43,7 +63,7 @@ class WorkerReport:
     last_error: str
     evaluation: Optional[tuple]  # (epoch, {metric: value}) of the last evaluation
     step_metrics: dict  # the task's extras of the last step (e.g. train accuracy)
-    readings: dict  # worker/readings.py epoch_readings: learning_rates, loss_scale, cuda_memory
+    readings: WorkerReadings
 
 
 @dataclass
@@ -60,7 +80,7 @@ class WorkerStats:
     last_error: str = ""
     evaluation: Optional[tuple] = None  # (epoch, results)
     step_metrics: dict = field(default_factory=dict)
-    readings: dict = field(default_factory=dict)
+    readings: WorkerReadings = field(default_factory=WorkerReadings)
     _window: deque = field(default_factory=lambda: deque(maxlen=50))  # (end time, samples, seconds, loss)
     _epoch_losses: deque = field(default_factory=lambda: deque(maxlen=200))  # (epoch, mean loss)
     _losses_this_epoch: list = field(default_factory=list)
@@ -155,10 +175,10 @@ class WorkerStats:
         with self._lock:
             self.evaluation = (epoch, dict(results))
 
-    def record_readings(self, readings: dict) -> None:
+    def record_readings(self, readings: WorkerReadings) -> None:
         """What the worker reads once per epoch (worker/readings.py): learning rates, loss scale, CUDA memory."""
         with self._lock:
-            self.readings = dict(readings)
+            self.readings = readings
 
     # --- reads (the daemon's tick) -------------------------------------------------------------------------
 
@@ -180,7 +200,7 @@ class WorkerStats:
                 last_error=self.last_error,
                 evaluation=self.evaluation,
                 step_metrics=dict(self.step_metrics),
-                readings=dict(self.readings),
+                readings=self.readings,
             )
 
     def drain_step_seconds(self) -> list[float]:

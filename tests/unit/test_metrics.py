@@ -20,7 +20,7 @@ from swarmd.metrics.extension import MetricsExtension, split_listen_address
 from swarmd.metrics.netstat import TcpTraffic
 from swarmd.status.snapshot import CheckpointInfo, Identity, NetworkBytes, build_snapshot, read_swarm_progress
 from swarmd.swarm.averaging_log import AveragingLog
-from swarmd.worker.stats import WorkerStats
+from swarmd.worker.stats import CudaMemory, WorkerReadings, WorkerStats
 
 
 def samples(text: str) -> dict:
@@ -85,6 +85,8 @@ def test_scrape_follows_training():
     assert value == 1 and info["peer_id"] == "QmPeer" and info["run_id"] == "metrics-run" and info["task"] == "swin"
     assert info["version"] and info["public_name"] and info["device"] == "cpu"
     assert before[("swarmd_state", (("swarmd_state", "training"),))] == 1
+    assert before[("swarmd_reachability", (("swarmd_reachability", "unknown"),))] == 1  # not checked yet
+    assert before[("swarmd_reachability", (("swarmd_reachability", "client"),))] == 0
     assert before[("swarmd_global_epoch", ())] == 3 and before[("swarmd_swarm_peers", ())] == 2
     assert before[("swarmd_epoch_samples_accumulated", ())] == 40 and before[("swarmd_target_batch_size", ())] == 128
     assert before[("swarmd_samples_total", ())] == 0
@@ -96,8 +98,9 @@ def test_scrape_follows_training():
 
     for _ in range(3):
         parts.stats.record_step(samples=16, seconds=0.02, loss=2.0, metrics={"accuracy": 0.25})
-    parts.stats.record_readings({"learning_rates": [0.1, 0.01], "loss_scale": None, "grad_norm": 3.5,
-                                 "cuda_memory": [{"device": "cuda:0", "allocated_bytes": 10, "reserved_bytes": 20}]})
+    memory = CudaMemory("cuda:0", allocated_bytes=10, reserved_bytes=20)
+    parts.stats.record_readings(WorkerReadings(learning_rates=(0.1, 0.01), loss_scale=None, grad_norm=3.5,
+                                               cuda_memory=(memory,)))
     parts.log.record("gradients", "success", group_size=3, duration=1.5, epoch=3)
     parts.log.record("state", "failed", group_size=1, duration=30.0, epoch=3, error="TimeoutError()")
     parts.log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=4)

@@ -27,6 +27,7 @@ from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.state_stream import DownloadsState
 from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
+from swarmd.swarm.private import PrivateSwarmInfo
 from swarmd.swarm.record_gate import AllowListValidator
 
 RSA_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -243,7 +244,9 @@ def test_metrics_show_the_list_and_the_refusals_only_in_a_private_swarm():
     open_text = generate_latest(SwarmdMetrics(lambda: base).registry).decode()
     assert "swarmd_allowed_peers" not in open_text.replace("# HELP swarmd_allowed_peers", "").replace(
         "# TYPE swarmd_allowed_peers", "") and "swarmd_refused_total" not in open_text
-    private = base.with_fields({"allowed_peers": 2, "refusals": {"join_group": 3, "dht_records": 1}})
+    private = base.with_fields(
+        {"private": PrivateSwarmInfo(allowed_peers=2, refusals={"join_group": 3, "dht_records": 1})}
+    )
     text = generate_latest(SwarmdMetrics(lambda: private).registry).decode()
     assert "swarmd_allowed_peers 2.0" in text
     assert 'swarmd_refused_total{where="join_group"} 3.0' in text

@@ -112,7 +112,7 @@ def test_roles_are_enforced():
 
 
 def test_rank_stats_show_each_ranks_compute_rate_and_cuda_memory():
-    from swarmd.ranks.rank_stats import RankStats
+    from swarmd.ranks.rank_stats import RankReport, RankStats
     from swarmd.ranks.step_sync import RankStep, StepTotals
 
     stats = RankStats(["cuda:0", "cuda:1"])
@@ -122,8 +122,8 @@ def test_rank_stats_show_each_ranks_compute_rate_and_cuda_memory():
             RankStep(1, 16, 0.5, cuda_allocated_bytes=11, cuda_reserved_bytes=22),
         ]))
     rows = stats.snapshot()
-    assert rows[0] == {"rank": 0, "device": "cuda:0", "samples_total": 96, "samples_per_second": 64.0,
-                       "cuda_allocated_bytes": 10, "cuda_reserved_bytes": 20}
-    assert rows[1]["samples_per_second"] == 32.0 and rows[1]["cuda_reserved_bytes"] == 22
+    assert rows[0] == RankReport(rank=0, device="cuda:0", samples_total=96, samples_per_second=64.0,
+                                 cuda_allocated_bytes=10, cuda_reserved_bytes=20)
+    assert rows[1].samples_per_second == 32.0 and rows[1].cuda_reserved_bytes == 22
     cpu = RankStats(["cpu", "cpu"])
-    assert cpu.snapshot()[1] == {"rank": 1, "device": "cpu", "samples_total": 0, "samples_per_second": 0.0}
+    assert cpu.snapshot()[1] == RankReport(rank=1, device="cpu", samples_total=0, samples_per_second=0.0)

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.status.snapshot import TrackingInfo
+from swarmd.status.snapshot import Evaluation, NetworkBytes, Snapshot, TrackingInfo
+from swarmd.swarm.averaging_log import AveragingRound
 from swarmd.config import load_config
 from swarmd.errors import ConfigError
 from swarmd.tracking.backends import build_backends
 from swarmd.tracking.base import BaseLogger, LoggerFanout
 from swarmd.tracking.extension import SnapshotDiff, TrackingExtension, epoch_scalars
 from swarmd.tracking.wandb import wandb_init_arguments
+from swarmd.worker.stats import CudaMemory
 from tracking_readers import tensorboard_scalars, wandb_history
 
 EPOCHS = 5
@@ -26,33 +28,33 @@ def loss_of(epoch: int) -> float:
     return 3.0 - 0.25 * epoch
 
 
-def snapshot(epoch: int, **changes) -> dict:
-    """What the daemon's status would say on reaching `epoch`, with the keys the tracking reads."""
-    base = {
-        "state": "training",
-        "local_epoch": epoch,
-        "global_epoch": epoch,
-        "num_peers": 2,
-        "num_clients": 0,
-        "target_batch_size": 128,
-        "samples_per_second": 100.0 + epoch,
-        "samples_total": 128 * epoch,
-        "steps_total": 8 * epoch,
-        "loss": loss_of(epoch),
-        "loss_history": [[e, loss_of(e)] for e in range(epoch)],
-        "averaging": {"gradients": {"success": epoch, "failed": 0, "skipped": 0, "rejected": 0}},
-        "recent_averaging": [
-            {"kind": "gradients", "outcome": "success", "group_size": 2, "duration_seconds": 0.5, "epoch": e,
-             "time": 1000.0 + e, "error": ""}
+def snapshot(epoch: int, **changes) -> Snapshot:
+    """What the daemon's status would say on reaching `epoch`, with the fields the tracking reads."""
+    base = dict(
+        run_id="tracking-run",
+        state="training",
+        local_epoch=epoch,
+        global_epoch=epoch,
+        num_peers=2,
+        num_clients=0,
+        target_batch_size=128,
+        samples_per_second=100.0 + epoch,
+        samples_total=128 * epoch,
+        steps_total=8 * epoch,
+        loss=loss_of(epoch),
+        loss_history=tuple((e, loss_of(e)) for e in range(epoch)),
+        averaging={"gradients": {"success": epoch, "failed": 0, "skipped": 0, "rejected": 0}},
+        recent_averaging=tuple(
+            AveragingRound("gradients", "success", group_size=2, duration_seconds=0.5, epoch=e, time=1000.0 + e)
             for e in range(epoch)
-        ],
-        "state_loads_total": 0,
-        "evaluation": None,
-        "peers": [{"samples_per_second": 100.0 + epoch}, {"samples_per_second": 50.0}],
-        "learning_rates": [lr_at(epoch), lr_at(epoch) / 10],
-        "loss_scale": 65536.0,
-    }
-    return {**base, **changes}
+        ),
+        state_loads_total=0,
+        evaluation=None,
+        peers=({"samples_per_second": 100.0 + epoch}, {"samples_per_second": 50.0}),
+        learning_rates=(lr_at(epoch), lr_at(epoch) / 10),
+        loss_scale=65536.0,
+    )
+    return Snapshot(**{**base, **changes})
 
 
 def tracking_config(tmp_path: Path, *settings: str):
@@ -73,9 +75,9 @@ def test_a_snapshot_becomes_named_scalars():
     scalars = epoch_scalars(
         snapshot(
             4,
-            network={"sent_bytes": 1000, "received_bytes": 2000},
+            network=NetworkBytes(sent_bytes=1000, received_bytes=2000),
             step_metrics={"accuracy": 0.5},
-            cuda_memory=[{"device": "cuda:0", "allocated_bytes": 2 * 1024**3, "reserved_bytes": 3 * 1024**3}],
+            cuda_memory=(CudaMemory("cuda:0", allocated_bytes=2 * 1024**3, reserved_bytes=3 * 1024**3),),
         )
     )
     assert scalars["lr/group_0"] == pytest.approx(lr_at(4))
@@ -90,9 +92,9 @@ def test_a_snapshot_becomes_named_scalars():
     assert scalars["train_metrics/accuracy"] == 0.5
     assert scalars["memory/cuda:0/allocated(GiB)"] == 2.0
     assert scalars["memory/cuda:0/reserved(GiB)"] == 3.0
-    # keys the snapshot lacks (an older daemon, a CPU peer) are left out, not logged as 0
-    bare = epoch_scalars({"local_epoch": 1, "samples_per_second": 3.0, "loss_scale": None})
-    assert "loss_metrics/loss_scale" not in bare and not any(k.startswith(("lr/", "memory/")) for k in bare)
+    # what the snapshot does not carry (not fp16, a CPU peer, no readings yet, metrics off) is left out, not 0
+    bare = epoch_scalars(Snapshot(run_id="tracking-run", local_epoch=1, samples_per_second=3.0))
+    assert "loss_metrics/loss_scale" not in bare and not any(k.startswith(("lr/", "memory/", "network/")) for k in bare)
 
 
 def test_each_thing_is_logged_once_at_the_step_it_belongs_to():
@@ -104,13 +106,13 @@ def test_each_thing_is_logged_once_at_the_step_it_belongs_to():
     assert list(diff.records(snapshot(3))) == []  # nothing new
 
     # epoch 4 begins before the worker closed epoch 3's loss bucket; the bucket shows up one tick later
-    early = snapshot(4, loss_history=[[e, loss_of(e)] for e in range(3)], steps_total=25)
+    early = snapshot(4, loss_history=tuple((e, loss_of(e)) for e in range(3)), steps_total=25)
     records = list(diff.records(early))
     assert [(step, axis) for _, step, axis in records] == [(4, "epoch"), (3, "epoch")]
     assert records[0][0]["lr/group_0"] == pytest.approx(lr_at(4))
     assert records[1][0] == {"averaging/gradients_success": 1.0, "averaging/gradients_duration(s)": 0.5,
                              "averaging/gradients_group_size": 2.0}
-    later = snapshot(4, evaluation={"epoch": 4, "metrics": {"accuracy": 0.75}}, steps_total=30)
+    later = snapshot(4, evaluation=Evaluation(epoch=4, metrics={"accuracy": 0.75}), steps_total=30)
     records = list(diff.records(later))
     assert ({"loss_metrics/epoch_avg_loss": loss_of(3)}, 3, "epoch") in records
     assert ({"eval/accuracy": 0.75}, 4, "epoch") in records
@@ -122,7 +124,7 @@ def test_an_epoch_is_logged_once_the_worker_has_read_its_learning_rate_and_gradi
     diff = SnapshotDiff(log_every_steps=0)
     list(diff.records(snapshot(3, readings_epoch=3)))
     # the optimizer is at epoch 4, the worker has not read epoch 4's values yet: what the snapshot says is epoch 3's
-    stale = snapshot(4, readings_epoch=3, learning_rates=[lr_at(3), lr_at(3) / 10], grad_norm=None)
+    stale = snapshot(4, readings_epoch=3, learning_rates=(lr_at(3), lr_at(3) / 10), grad_norm=None)
     assert [step for _, step, axis in diff.records(stale) if axis == "epoch" and "lr/group_0" in _] == []
     fresh = snapshot(4, readings_epoch=4, grad_norm=0.5)
     records = [scalars for scalars, step, _ in diff.records(fresh) if "lr/group_0" in scalars]
