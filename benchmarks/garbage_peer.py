@@ -27,6 +27,8 @@ def config(guard: bool, grad_scale: float = 1.0) -> dict:
             "grad_compression": "none",
             "guard_gradient_norm_ratio": 10.0 if guard else 0.0,
             "guard_parameter_change": 1.0 if guard else 0.0,
+            # hivemind's mean, so that the guards alone are measured (robust aggregation: docs/FAULTS.md)
+            "aggregation": {"method": "mean"},
         },
         training={"batch_size": 16, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},

@@ -31,6 +31,9 @@ __all__ = [
     "TrackingConfig",
     "TaskSection",
     "SwarmdConfig",
+    "RUN_WIDE_KEYS",
+    "scope_of",
+    "run_wide_part",
     "default_state_dir",
 ]
 
@@ -169,6 +172,27 @@ class DiLoCoConfig(StrictModel):
         return self
 
 
+class AggregationConfig(StrictModel):
+    """How this peer reduces its share of every all-reduce (gradients, parameters, DiLoCo's pseudo-gradients):
+    swarm/robust_aggregation.py, docs/FAULTS.md. Peers need not agree: each reduces its own share its own way."""
+
+    method: Literal["mean", "centered_clip"] = Field(
+        "centered_clip",
+        description="centered_clip: each sender's part is clipped to tau x the median sender's distance from the "
+        "coordinate-wise median before it is averaged (CenteredClip), so one sender cannot move the result by more "
+        "than its weight's share of that radius per iteration; with agreeing senders it is the mean. mean: "
+        "hivemind's plain weighted mean.",
+    )
+    tau: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="The clip radius, relative: tau x the (lower) median of the senders' distances from their "
+        "coordinate-wise median. Larger lets honest outliers count fully and an attacker further.",
+    )
+    iterations: int = Field(3, ge=1, le=50, description="CenteredClip iterations, starting from the median.")
+
+
 class SwarmConfig(StrictModel):
     """hivemind.Optimizer: how peers accumulate, average and stay in sync. Peers of one run should agree on these."""
 
@@ -304,6 +328,10 @@ class SwarmConfig(StrictModel):
         "slow links (docs/DILOCO.md). Every peer of a run must use the same strategy.",
     )
     diloco: DiLoCoConfig = Field(default_factory=DiLoCoConfig, description="Settings of strategy: diloco.")
+    aggregation: AggregationConfig = Field(
+        default_factory=AggregationConfig,
+        description="How this peer reduces its share of each averaging round: robustly against senders that lie.",
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "SwarmConfig":
@@ -602,3 +630,55 @@ class SwarmdConfig(StrictModel):
         task_settings = self.task._settings
         data["task"] = {"name": self.task.name, **(task_settings.model_dump(mode="json") if task_settings else {})}
         return data
+
+
+# Which settings belong to the run (every peer of it must have the same: the run's manifest carries them,
+# swarmd/swarm/manifest.py) and which to this peer (its machine, its paths, its addresses, what it reports).
+# Dotted keys; the longest entry that a key starts with decides. A key under no entry is an error of this table
+# (tests/unit/test_manifest.py walks the whole schema).
+RUN_WIDE_KEYS: dict[str, bool] = {
+    "run_id": True,
+    "task": True,  # the task, the model, the data's identity and preparation, the optimizer and its schedule
+    "task.data.path": False,  # where this machine keeps the prepared data
+    "task.data.num_workers": False,  # this machine's loader processes
+    "swarm": True,  # the strategy and its settings, target batch, matchmaking, compression, aggregation
+    "swarm.auxiliary": False,  # this peer's role
+    "training": True,  # batch size, precision, seed, max_epochs
+    "training.device": False,
+    "training.devices": False,
+    "training.threads": False,
+    "training.max_consecutive_failures": False,
+    "network": False,  # this peer's addresses and how it reaches the swarm
+    "network.allowed_peers": True,  # a private run's allow-list
+    "state_dir": False,
+    "checkpoint": False,
+    "daemon": False,
+    "metrics": False,
+    "logging": False,
+    "tracking": False,
+}
+
+
+def scope_of(dotted: str) -> bool:
+    """True if the dotted key is run-wide (RUN_WIDE_KEYS); KeyError for a key no entry covers."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        entry = RUN_WIDE_KEYS.get(".".join(parts[:end]))
+        if entry is not None:
+            return entry
+    raise KeyError(dotted)
+
+
+def run_wide_part(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The run-wide keys of a config as plain data (SwarmdConfig.to_dict()), local ones left out."""
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = prefix + key
+        nested = [entry for entry in RUN_WIDE_KEYS if entry.startswith(dotted + ".")]
+        if isinstance(value, dict) and nested:
+            part = run_wide_part(value, dotted + ".")
+            if part or scope_of(dotted):
+                kept[key] = part
+        elif scope_of(dotted):
+            kept[key] = value
+    return kept

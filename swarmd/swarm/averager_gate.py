@@ -20,6 +20,7 @@ from swarmd.swarm.allowlist import installed
 from swarmd.swarm.averager_pace import PacedAverager
 from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
 from swarmd.swarm.partial_rounds import ReportsPartialRounds
+from swarmd.swarm.robust_aggregation import AggregatesRobustly
 
 __all__ = ["AdmitsAllowedPeers", "admits", "admits_peer"]
 
@@ -33,9 +34,10 @@ def admits_peer(allow_list, peer_id, where: str) -> bool:
     return allow_list is None or allow_list.admit(peer_id.to_base58(), where)
 
 
-class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, ReportsPartialRounds):
+class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, ReportsPartialRounds, AggregatesRobustly):
     # (every swarmd averager has this class just above hivemind's, so it also carries the fewer DHT requests of
-    # swarm/averager_pace.py, the shutdown fix and the report of a partial round, swarm/partial_rounds.py)
+    # swarm/averager_pace.py, the shutdown fix, the report of a partial round, swarm/partial_rounds.py, and the
+    # robust reduction of its share, swarm/robust_aggregation.py)
     _allow_list = None
 
     def __init__(self, *args, **kwargs):

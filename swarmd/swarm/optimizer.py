@@ -40,6 +40,7 @@ from swarmd.swarm.averaging_log import AveragingLog
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
+from swarmd.swarm.robust_aggregation import Aggregation
 from swarmd.swarm.state_stream import shared_copy
 from swarmd.swarm.upstream_names import UpstreamRpcNames
 from swarmd.swarm.progress import ThrottledProgressTracker
@@ -335,6 +336,12 @@ class SwarmOptimizer(Optimizer):
 
     # What construction starts (threads, averager processes), in the order it shuts them down; subclasses add theirs.
     _running_parts: tuple[str, ...] = ("tracker", "grad_averager", "state_averager")
+
+    @property
+    def outliers_clipped_total(self) -> int:
+        """Senders that this peer's averagers clipped as outliers, one per sender and round (robust_aggregation)."""
+        counters = (getattr(getattr(self, part, None), "outliers_clipped", None) for part in self._running_parts)
+        return sum(counter.value for counter in counters if counter is not None)
 
     @contextlib.contextmanager
     def _shutting_down_on_failure(self):
@@ -742,6 +749,8 @@ def shared_optimizer_options(*, dht, config, model, task, averaging_log: Averagi
     averager_opts = dict(swarm.averager_opts)
     # hivemind warns (and risks matchmaking deadlocks) when an RPC may outlast the matchmaking window
     averager_opts.setdefault("request_timeout", min(3.0, swarm.matchmaking_time / 2))
+    # every averager (state, gradients, DiLoCo's outer) reduces its share this way (swarm/robust_aggregation.py)
+    averager_opts.setdefault("aggregation", Aggregation(**swarm.aggregation.model_dump()))
     return dict(
         averaging_log=averaging_log,
         load_state_attempts=swarm.load_state_attempts,

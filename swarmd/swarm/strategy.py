@@ -38,6 +38,7 @@ class SwarmStrategy(Protocol):
     state_averager: Any
     grad_averager: Any  # None where gradients are not averaged (local updates, DiLoCo)
     state_loads_total: int  # downloads of the swarm's state so far
+    outliers_clipped_total: int  # senders robust aggregation clipped as outliers (swarm/robust_aggregation.py)
     catching_up: bool  # holds the swarm's epoch ahead of its state: neither evaluate nor checkpoint
     param_groups: list
 

@@ -63,6 +63,7 @@ def test_the_ci_tool_switch_is_not_a_config_key():
         ({"swarm": {"delay_grad_averaging": True, "delay_optimizer_step": False}}, "delay_grad_averaging needs delay_optimizer_step"),
         ({"network": {"client_mode": True}, "swarm": {"auxiliary": True}}, "cannot be in client_mode"),
         ({"metrics": {"listen": "localhost"}}, "metrics.listen: 'localhost' is not host:port"),
+        ({"swarm": {"aggregation": {"method": "median"}}}, "swarm.aggregation.method: Input should be 'mean' or 'centered_clip'"),
     ],
 )
 def test_mistakes_name_the_dotted_field_in_one_line(tmp_path, data, expected):

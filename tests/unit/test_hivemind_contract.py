@@ -50,7 +50,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner
 from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.averaging.matchmaking import Matchmaking, PotentialLeaders
-from hivemind.averaging.partition import TensorPartContainer
+from hivemind.averaging.partition import TensorPartContainer, TensorPartReducer
 from hivemind.compression.quantization import BlockwiseQuantization, Quantization
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
@@ -70,6 +70,14 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "_running_groups", "attribute", ()),  # partial_rounds, averager_shutdown
     # partial_rounds: the runner is the result of the group's Future
     (DecentralizedAverager, "_run_allreduce_inplace_", "source", ("self._running_groups[group_id].set_result(runner)",)),
+    # robust_aggregation: an override that is a copy of upstream's body with the runner swapped
+    (DecentralizedAverager, "_run_allreduce_inplace_", "method", ("tensors", "group_info", "group_id", "**kwargs")),
+    (DecentralizedAverager, "_run_allreduce_inplace_", "source", (
+        "runner = AllReduceRunner(", "p2p=self._p2p,", "servicer_type=type(self),", "prefix=self.prefix,",
+        "ordered_peer_ids=group_info.peer_ids,", "tensor.add_(update, alpha=self._averaging_alpha)",
+        "self.last_updated = get_dht_time()", "self._state_updated.set()",
+    )),
+    (DecentralizedAverager, "_averaging_alpha", "attribute", ()),  # robust_aggregation
     (DecentralizedAverager, "_shutdown", "method", ("timeout",)),  # averager_shutdown
     (DecentralizedAverager, "_p2p", "attribute", ()),  # averager_shutdown, state_stream
     (DecentralizedAverager, "_declare_for_download_periodically", "method", ()),  # averager_pace (a copy of the loop)
@@ -113,6 +121,25 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (AllReduceRunner, "tensor_part_container", "attribute", ()),  # partial_rounds
     (TensorPartContainer, "failed_size", "attribute", ()),  # partial_rounds
     (TensorPartContainer, "total_size", "attribute", ()),  # partial_rounds
+    # robust_aggregation: the runner's reducer replaced after upstream built it, with a subclass whose accumulator
+    # records the parts (add_) and aggregates them once the part is complete (div_)
+    (AllReduceRunner, "__init__", "source", ("self.tensor_part_reducer = TensorPartReducer(",)),
+    (AllReduceRunner, "tensor_part_reducer", "attribute", ()),
+    (AllReduceRunner, "sender_peer_ids", "attribute", ()),  # the reducer's sender index -> peer id, in the log
+    (TensorPartReducer, "__init__", "method", ("part_shapes", "num_senders")),
+    (TensorPartReducer, "reset_accumulators", "method", ()),
+    (TensorPartReducer, "accumulate_part", "method", ("sender_index", "part_index", "tensor_part", "weight")),
+    # (and counts the part received before adding it: a wrong-sized part is left out rather than raised on)
+    (TensorPartReducer, "accumulate_part", "source", (
+        "self.accumulator.add_(tensor_part, alpha=weight)", "self.num_parts_received[sender_index] += 1",
+    )),
+    # a wrong-sized part's sender then fails its own call on the difference (and is banned)
+    (AllReduceRunner, "_accumulate_parts_streaming", "source", ("averaged_part - tensor_part",)),
+    (TensorPartReducer, "check_current_part_finished", "source", ("self.accumulator.div_(self.denominator)",)),
+    (TensorPartReducer, "finalize", "source", ("if not self.finished.is_set():",)),
+    (TensorPartReducer, "accumulator", "attribute", ()),
+    (TensorPartReducer, "part_shapes", "attribute", ()),
+    (TensorPartReducer, "current_part_index", "attribute", ()),
 
     # --- TrainingStateAverager (hivemind/optim/state_averager.py) ------------------------------------------------
     (TrainingStateAverager, "_do", "method", ("wait_for_trigger", "optimizer_step", "zero_grad", "averaging_round",
@@ -169,7 +196,7 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (RSASignatureValidator, "_PUBLIC_KEY_RE", "attribute", ()),  # record_gate, peer_records
     (RSASignatureValidator, "__init__", "source", ("RSAPrivateKey.process_wide()",)),  # identity
     (RSAPrivateKey, "_process_wide_key", "attribute", ()),  # process_patches (writes it; identity loads the key)
-    (RSAPrivateKey, "_private_key", "attribute", ()),  # identity (writes it)
+    (RSAPrivateKey, "_private_key", "attribute", ()),  # identity, manifest (write it: load a stored key)
     (RSAPublicKey, "_public_key", "attribute", ()),  # identity
 
     # --- compression (hivemind/compression/serialization.py, quantization.py) ------------------------------------

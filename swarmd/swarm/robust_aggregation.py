@@ -1,0 +1,274 @@
+"""Robust aggregation where the data meets: the peer that reduces a part of the vector clips what each sender sent.
+
+hivemind 1.1.12's all-reduce gives each peer of a group a share of the vector to reduce, and its `TensorPartReducer`
+(averaging/partition.py) returns the plain weighted mean of what the senders sent for that share: one sender whose
+gradients are x -1e6 sets everyone's update, and a sign flip at honest scale pulls the mean towards it unnoticed.
+With `swarm.aggregation.method: centered_clip`, every swarmd averager (gradients, parameters, DiLoCo's
+pseudo-gradients: they share the averager base of swarm/averager_gate.py) reduces its share with CenteredClip
+(Karimireddy et al. 2021; "Secure Distributed Training at Scale", Gorbunov et al. 2022):
+
+    v <- coordinate-wise median of the senders' parts
+    repeat `iterations` times:  v <- v + sum_i w_i * clip(x_i - v, tau) / sum_i w_i,   clip(z, t) = z * min(1, t/|z|)
+
+upstream's reducer already waits for every sender's part (or bans a sender that is later than `sender_timeout`), so
+the parts are buffered until all that will come have come, then aggregated once. `tau` here is relative: the clip
+radius is `tau` x the (lower) median of the senders' distances from the coordinate-wise median, so one setting fits
+any model, part and learning stage. Two senders get their weighted mean (neither can be told the liar); senders
+within the radius get their mean (with uneven weights, within tau's effect); a sender far from the others moves the
+result by at most w_i/sum(w) x radius per iteration. A part with a NaN/Inf, or of the wrong size, is left out (weight
+0). What arrives is decompressed first (hivemind's deserialization), so compression changes nothing here. The
+protocol is upstream's: plain hivemind peers stay in the group, but the shares they reduce are plain means
+(docs/FAULTS.md). The weights (the samples a sender claims) are trusted as upstream trusts them.
+
+How it plugs in: `AggregatesRobustly._run_allreduce_inplace_` is upstream's (averager.py l.537-558) with the runner
+swapped for `RobustAllReduceRunner`, whose reducer keeps upstream's bookkeeping (when a part is complete, banned
+senders, deadlines) and replaces only the accumulator: `_Contributions` records what `accumulator.add_` is given and
+aggregates in `div_`, the two calls upstream's reducer makes on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.partition import TensorPartReducer
+from hivemind.utils import get_dht_time
+from hivemind.utils.asyncio import as_aiter, azip
+
+__all__ = ["Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip"]
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("mean", "centered_clip")
+OUTLIER_RADII = 2.0  # a sender further than this many clip radii from the result is an outlier in that part
+# ...and a sender that was an outlier in more than this share of the values it sent counts as clipped in the round
+# (the evidence). A tiny part (a bias of a few values) can put the liar in the middle and an honest sender outside;
+# a liar's whole share is outside.
+OUTLIER_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How this peer reduces its share of an all-reduce (`swarm.aggregation`). Pickles into the averager's process."""
+
+    method: str = "centered_clip"
+    tau: float = 1.0
+    iterations: int = 3
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"aggregation method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if not self.tau > 0 or self.iterations < 1:
+            raise ValueError(f"aggregation needs tau > 0 and iterations >= 1, not {self.tau} and {self.iterations}")
+
+
+SORTING_NETWORK_ROWS = 16  # up to this many senders the median sorts by elementwise min/max (0.4 ms against 15 ms
+# for torch's sort along dim 0, 4 x 128k floats on one thread); the network's cost grows with the square of the rows
+
+
+def _sorted_rows(stacked: torch.Tensor) -> list[torch.Tensor]:
+    """The rows' values sorted per coordinate (odd-even transposition sort of whole rows)."""
+    if len(stacked) > SORTING_NETWORK_ROWS:
+        return list(stacked.sort(dim=0).values.unbind(0))
+    rows = list(stacked.unbind(0))
+    for round_ in range(len(rows)):
+        for i in range(round_ % 2, len(rows) - 1, 2):
+            rows[i], rows[i + 1] = torch.minimum(rows[i], rows[i + 1]), torch.maximum(rows[i], rows[i + 1])
+    return rows
+
+
+def _median(stacked: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median over dim 0; for an even count the mean of the two middle values (two senders: the
+    mean), not torch.median's lower one."""
+    ordered, n = _sorted_rows(stacked), len(stacked)
+    return ordered[n // 2].clone() if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _distances(y: torch.Tensor, squared: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """|y_i - u| for each row of y, from |y_i|^2 (`squared`) and dot products."""
+    return (squared - 2 * (y @ u) + (u @ u)).clamp_min(0).sqrt()
+
+
+def centered_clip(
+    parts: Sequence[torch.Tensor], weights: Sequence[float], tau: float, iterations: int
+) -> tuple[torch.Tensor, list[bool]]:
+    """CenteredClip of the senders' `parts` (same shape) with their `weights`: (the aggregate, in float32, and for
+    each sender whether it was an outlier: left out as non-finite, or further than OUTLIER_RADII clip radii from
+    the result)."""
+    x = torch.stack([part.reshape(-1).float() for part in parts])  # a copy: changed in place below
+    w = torch.tensor([float(weight) for weight in weights], dtype=torch.float32)
+    # a row's sum is finite only if all its values are (a sum that overflows float32 is no honest part either)
+    finite = torch.isfinite(x.sum(1)) & torch.isfinite(w) & (w >= 0)
+    if not bool(finite.any()):
+        return (x * w[:, None]).sum(0).div_(w.sum()).reshape(parts[0].shape), [True] * len(parts)  # upstream's mean
+    w = torch.where(finite, w, torch.zeros_like(w))
+    if float(w.sum()) <= 0:  # only zero weights (peers with no samples): each finite sender counts the same
+        w = finite.float()
+    # (row indices, not boolean masks: masked indexing of the rows cost half the time of the whole aggregation)
+    kept, left_out = finite.nonzero().squeeze(1), (~finite).nonzero().squeeze(1)
+    if len(left_out):
+        x.index_fill_(0, left_out, 0.0)
+    if len(kept) <= 2:  # two senders cannot tell which one lies: their weighted mean, exactly
+        return (x * w[:, None]).sum(0).div_(w.sum()).reshape(parts[0].shape), [not flag for flag in finite.tolist()]
+    median = _median(x.index_select(0, kept) if len(left_out) else x)
+    # around the median: distances are small next to the values (parameters), and |y - u|^2 expanded into dot
+    # products stays accurate; one pass of matrix-vector products per iteration instead of a copy of every part
+    y = x.sub_(median)
+    if len(left_out):
+        y.index_fill_(0, left_out, 0.0)
+    squared = (y * y).sum(1)
+    distances = squared.index_select(0, kept).sqrt().sort().values
+    radius = tau * float(distances[(len(distances) - 1) // 2])  # the lower median: a majority is at most this far
+    u = torch.zeros_like(median)  # v - median
+    for _ in range(iterations):
+        norms = _distances(y, squared, u)
+        # a sender within the radius keeps its whole difference; one beyond it is pulled in to the radius
+        scale = torch.where(norms > radius, radius / norms.clamp_min(1e-30), torch.ones_like(norms))
+        share = w * scale / w.sum()
+        u = u * (1 - float(share.sum())) + share @ y
+    # an outlier: the clip took more than half its difference from the result away. Honest senders are often a little
+    # beyond the radius (it is the median one's distance), so plain "clipped at all" would flag them too.
+    clipped = (~finite) | (_distances(y, squared, u) > OUTLIER_RADII * radius)
+    if radius == 0:
+        # most senders sent the very same values (copies: parameters after a download, or a group that stepped
+        # alike): the result is theirs, but an honest peer whose own step made it differ is no liar
+        clipped = ~finite
+    v = median.add_(u)
+    return v.reshape(parts[0].shape), [bool(flag) for flag in clipped]
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A sender's part as it goes through upstream's `accumulate_part` to the accumulator: with who sent it."""
+
+    sender: int
+    tensor: torch.Tensor
+
+
+class _Contributions:
+    """Stands in for upstream's accumulator tensor: `add_` records a sender's part and weight, `div_` (called once
+    every sender's part is in) returns the robust aggregate. Each sender adds at most once per part (upstream's
+    reducer checks the part index)."""
+
+    def __init__(self, reducer: "CenteredClipReducer", shape: torch.Size):
+        self._reducer, self._shape = reducer, shape
+        self._sent: list[_Sent] = []
+        self._weights: list[float] = []
+
+    def add_(self, sent: _Sent, alpha: float = 1.0) -> "_Contributions":
+        # a part of another size is left out like a non-finite one (and counted against its sender). Raising, as
+        # upstream's tensor add_ does, would leave the part waiting for that sender until the round times out: its
+        # part is already counted as received. Its sender's call then fails on the size (and it is banned).
+        if sent.tensor.numel() != self._shape.numel():
+            sent = _Sent(sent.sender, torch.full(self._shape, float("nan")))
+        self._sent.append(sent)
+        self._weights.append(alpha)
+        return self
+
+    def div_(self, denominator: float) -> torch.Tensor:
+        return self._reducer.aggregate(self._sent, self._weights)
+
+
+class CenteredClipReducer(TensorPartReducer):
+    """Upstream's reducer, each part aggregated by CenteredClip instead of summed; counts, per sender, the parts in
+    which it was an outlier (`clipped_by_sender`) and their values (`outlier_values`, of `values_sent`): the
+    evidence a later exclusion can use."""
+
+    def __init__(self, part_shapes, num_senders: int, aggregation: Aggregation):
+        self.aggregation = aggregation  # before upstream's __init__: it resets the accumulators
+        self.clipped_by_sender = [0] * num_senders
+        self.outlier_values = [0] * num_senders
+        self.values_sent = [0] * num_senders
+        super().__init__(part_shapes, num_senders)
+
+    def clipped_senders(self) -> list[int]:
+        """The senders that were outliers in more than OUTLIER_SHARE of the values they sent this round."""
+        return [sender for sender, (outside, sent) in enumerate(zip(self.outlier_values, self.values_sent))
+                if sent and outside > OUTLIER_SHARE * sent]
+
+    def reset_accumulators(self):
+        super().reset_accumulators()
+        if not self.finished.is_set():
+            self.accumulator = _Contributions(self, self.part_shapes[self.current_part_index])
+
+    async def accumulate_part(self, sender_index: int, part_index: int, tensor_part, weight: float = 1.0):
+        # upstream hands `tensor_part` to the accumulator's add_ and nowhere else: it carries its sender there
+        return await super().accumulate_part(sender_index, part_index, _Sent(sender_index, tensor_part), weight)
+
+    def aggregate(self, sent: list[_Sent], weights: list[float]) -> torch.Tensor:
+        shape = self.part_shapes[self.current_part_index]
+        if not sent:  # every sender of this part failed: upstream would return 0/0
+            return torch.zeros(shape)
+        parts = [one.tensor for one in sent]
+        try:
+            result, clipped = centered_clip(parts, weights, self.aggregation.tau, self.aggregation.iterations)
+        except Exception:  # a bug here must not hang the round: the part gets upstream's mean
+            logger.exception("Robust aggregation failed; this part is the senders' weighted mean")
+            total = sum(weights) or 1.0
+            return sum(part.float().reshape(shape) * (weight / total) for part, weight in zip(parts, weights))
+        for one, was_clipped in zip(sent, clipped):
+            self.values_sent[one.sender] += shape.numel()
+            if was_clipped:
+                self.clipped_by_sender[one.sender] += 1
+                self.outlier_values[one.sender] += shape.numel()
+        return result.reshape(shape)
+
+
+class RobustAllReduceRunner(AllReduceRunner):
+    """Upstream's all-reduce with a CenteredClipReducer for this peer's share."""
+
+    def __init__(self, *args, aggregation: Aggregation, **kwargs):
+        super().__init__(*args, **kwargs)
+        plain = self.tensor_part_reducer
+        # built by upstream's __init__ (allreduce.py l.127) before anything could reach it; marked finished so that
+        # its __del__ does not log "received 0.0% of input tensors"
+        plain.finished.set()
+        self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation)
+
+
+class AggregatesRobustly(DecentralizedAverager):
+    def __init__(self, *args, aggregation: Optional[Aggregation] = None, **kwargs):
+        # set before upstream's __init__, which starts the averager's process (fork copies it)
+        self.aggregation = Aggregation() if aggregation is None else aggregation
+        # senders clipped as outliers, one per sender and round of this peer's share; counted in the averager's
+        # process, read by the host's (status, /metrics)
+        self.outliers_clipped = mp.Value("q", 0)
+        super().__init__(*args, **kwargs)
+
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id: Optional[bytes] = None, **kwargs):
+        if self.aggregation.method == "mean":
+            return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
+        # upstream's body (averager.py l.537-558), with the robust runner
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = RobustAllReduceRunner(
+            p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors, group_id=group_id,
+            ordered_peer_ids=group_info.peer_ids, aggregation=self.aggregation, **kwargs,
+        )
+        self._running_groups[group_id].set_result(runner)
+        if runner.modes[group_info.peer_ids.index(self.peer_id)] != AveragingMode.AUX:
+            async for tensor, update in azip(as_aiter(*tensors), runner):
+                tensor.add_(update, alpha=self._averaging_alpha)
+                self.last_updated = get_dht_time()
+                self._state_updated.set()
+        else:
+            async for _ in runner:
+                raise ValueError("aux peers should not receive averaged tensors")
+        self._count_outliers(runner)
+
+    def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
+        reducer = runner.tensor_part_reducer
+        clipped = reducer.clipped_senders()
+        with self.outliers_clipped.get_lock():
+            self.outliers_clipped.value += len(clipped)
+        for sender in clipped:
+            logger.info(
+                "Robust aggregation clipped %s as an outlier in %.0f%% of the values it sent for this peer's share "
+                "(%d of %d parts)", runner.sender_peer_ids[sender],
+                100 * reducer.outlier_values[sender] / reducer.values_sent[sender],
+                reducer.clipped_by_sender[sender], reducer.num_parts,
+            )

@@ -1,0 +1,176 @@
+"""CenteredClip, the reduction every swarmd averager applies to its share of an all-reduce
+(swarmd/swarm/robust_aggregation.py): a loud or a quiet liar barely moves it, and honest senders get their mean."""
+
+import asyncio
+
+import pytest
+import torch
+
+from swarmd.config.schema import AggregationConfig
+from swarmd.swarm.robust_aggregation import Aggregation, CenteredClipReducer, centered_clip
+
+D = 4096
+
+
+def _honest(n, noise=0.5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    signal = torch.randn(D, generator=generator)
+    return signal, [signal + noise * torch.randn(D, generator=generator) for _ in range(n)]
+
+
+def _relative_error(result, reference, signal):
+    return float(torch.linalg.vector_norm(result - reference) / torch.linalg.vector_norm(signal))
+
+
+@pytest.mark.parametrize("attack", [-1e6, -1.0], ids=["loud x -1e6", "sign flip"])
+def test_a_liar_barely_moves_the_result_where_the_mean_follows_it(attack):
+    signal, honest = _honest(3)
+    honest_mean = torch.stack(honest).mean(0)
+    liar = attack * signal
+    result, clipped = centered_clip([*honest, liar], [1.0] * 4, tau=1.0, iterations=3)
+    mean = torch.stack([*honest, liar]).mean(0)
+    assert _relative_error(result, honest_mean, signal) < 0.2
+    assert _relative_error(mean, honest_mean, signal) > 0.4  # what hivemind's mean does with it
+    assert clipped == [False, False, False, True]
+
+
+def test_without_a_liar_the_result_is_the_mean():
+    signal, honest = _honest(5)
+    result, clipped = centered_clip(honest, [16.0] * 5, tau=1.0, iterations=3)
+    assert _relative_error(result, torch.stack(honest).mean(0), signal) < 1e-4
+    assert not any(clipped)
+    # uneven weights: the weighted mean lies further from the light senders than the radius, which clips them a bit
+    weights = [16.0, 32.0, 16.0, 8.0, 16.0]
+    result, _ = centered_clip(honest, weights, tau=1.0, iterations=3)
+    weighted_mean = sum(w * x for w, x in zip(weights, honest)) / sum(weights)
+    assert _relative_error(result, weighted_mean, signal) < 0.01
+
+
+def test_two_senders_get_exactly_their_weighted_mean():
+    # two peers cannot tell who lies: the plain-hivemind pair (and the interop test) see upstream's result
+    a, b = torch.randn(D), 100 * torch.randn(D)
+    result, clipped = centered_clip([a, b], [1.0, 3.0], tau=1.0, iterations=3)
+    torch.testing.assert_close(result, (a + 3 * b) / 4)
+    assert clipped == [False, False]
+
+
+def test_non_finite_parts_and_bad_weights_are_left_out():
+    signal, honest = _honest(2, noise=0.1)
+    nan_part = torch.full((D,), float("nan"))
+    result, clipped = centered_clip([*honest, nan_part, signal], [1.0, 1.0, 1.0, float("inf")], 1.0, 3)
+    assert torch.isfinite(result).all()
+    assert _relative_error(result, torch.stack(honest).mean(0), signal) < 0.1
+    assert clipped[2] and clipped[3]
+
+
+def test_the_reducer_aggregates_each_part_once_all_senders_sent_it():
+    """Upstream's reducer bookkeeping (parts in order, a part complete when every sender's is in) with the robust
+    accumulator: three senders, two parts, the third sender lies."""
+    signal, honest = _honest(2, noise=0.1)
+
+    async def run():
+        reducer = CenteredClipReducer((torch.Size([D // 2]),) * 2, 3, Aggregation())
+        sent = [*honest, -1e6 * signal]
+
+        async def sender(index):
+            parts = sent[index].split(D // 2)
+            return [await reducer.accumulate_part(index, part, tensor) for part, tensor in enumerate(parts)]
+
+        results = await asyncio.wait_for(asyncio.gather(*(sender(i) for i in range(3))), 10)
+        return reducer, results
+
+    reducer, results = asyncio.run(run())
+    for result in results:
+        assert _relative_error(torch.cat(result), torch.stack(honest).mean(0), signal) < 0.2
+    assert reducer.clipped_by_sender == [0, 0, 2]
+    assert reducer.clipped_senders() == [2]
+    assert reducer.finished.is_set()
+
+
+def test_the_setting_is_validated():
+    assert Aggregation(**AggregationConfig().model_dump()) == Aggregation()
+    with pytest.raises(ValueError):
+        Aggregation(method="median")
+    with pytest.raises(ValueError):
+        AggregationConfig(tau=0)
+    with pytest.raises(ValueError):
+        AggregationConfig(method="trimmed")
+
+
+def test_a_part_of_the_wrong_size_is_left_out_not_waited_for():
+    # (upstream's reducer would wait for the round's timeout: it counts the part received before adding it)
+    signal, honest = _honest(2, noise=0.1)
+
+    async def run():
+        reducer = CenteredClipReducer((torch.Size([D]),), 3, Aggregation())
+        sent = [*honest, torch.zeros(7)]
+        calls = (reducer.accumulate_part(i, 0, sent[i]) for i in range(3))
+        results = await asyncio.wait_for(asyncio.gather(*calls), 10)
+        return reducer, results
+
+    reducer, results = asyncio.run(run())
+    for result in results:
+        torch.testing.assert_close(result, torch.stack(honest).mean(0))
+    assert reducer.clipped_by_sender == [0, 0, 1]
+
+
+@pytest.mark.parametrize("senders", [3, 4, 7, 20])
+def test_the_median_is_the_coordinate_wise_median(senders):
+    from swarmd.swarm.robust_aggregation import _median
+
+    stacked = torch.randn(senders, 1000)
+    torch.testing.assert_close(_median(stacked), torch.quantile(stacked, 0.5, dim=0))
+
+
+def test_an_honest_sender_outside_in_a_tiny_part_only_is_not_counted_against_it():
+    """In one value (a bias) the liar can sit between the honest senders and one of them look the outlier; the
+    round counts a sender only when it was outside in most of what it sent."""
+    signal, honest = _honest(2, noise=0.1)
+
+    async def run():
+        reducer = CenteredClipReducer((torch.Size([D]), torch.Size([1])), 3, Aggregation())
+        sent = [[honest[0], torch.tensor([0.0])], [honest[1], torch.tensor([10.0])],
+                [-1e6 * signal, torch.tensor([9.0])]]
+
+        async def sender(index):
+            return [await reducer.accumulate_part(index, part, tensor) for part, tensor in enumerate(sent[index])]
+
+        await asyncio.wait_for(asyncio.gather(*(sender(i) for i in range(3))), 10)
+        return reducer
+
+    reducer = asyncio.run(run())
+    assert reducer.clipped_by_sender == [1, 0, 1]  # sender 0 in the tiny part, the liar in the large one
+    assert reducer.clipped_senders() == [2]
+
+
+def test_every_swarmd_averager_reduces_robustly_with_the_configured_setting():
+    """Gradients, parameters and DiLoCo's pseudo-gradients: each averager class carries the robust reduction (above
+    hivemind's in the MRO), and the options every strategy builds with hand it the config's setting."""
+    from types import SimpleNamespace
+
+    from hivemind.averaging import DecentralizedAverager
+
+    from swarmd.config.schema import SwarmdConfig
+    from swarmd.swarm.diloco_state import DiLoCoStateAverager
+    from swarmd.swarm.optimizer import _GradientAveragerKeepingOwn, _ObservedStateAverager, shared_optimizer_options
+    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.robust_aggregation import AggregatesRobustly
+
+    for averager in (_GradientAveragerKeepingOwn, _ObservedStateAverager, DiLoCoStateAverager, OuterAverager):
+        mro = averager.__mro__
+        assert mro.index(AggregatesRobustly) < mro.index(DecentralizedAverager), averager
+
+    config = SwarmdConfig.model_validate({"swarm": {"aggregation": {"tau": 2.5, "iterations": 5}}})
+    model = torch.nn.Linear(2, 1)
+    task = SimpleNamespace(parameter_groups=lambda m: list(m.parameters()), extra_tensors=lambda m: ())
+    options = shared_optimizer_options(dht=SimpleNamespace(client_mode=False), config=config, model=model, task=task,
+                                       averaging_log=None)
+    assert options["averager_opts"]["aggregation"] == Aggregation(method="centered_clip", tau=2.5, iterations=5)
+
+
+def test_a_majority_of_identical_parts_wins_without_counting_the_different_one_as_a_liar():
+    # e.g. a state round: two peers hold the same parameters, the third took a local step of its own
+    shared, stepped = torch.randn(D), torch.randn(D)
+    result, clipped = centered_clip([shared, shared.clone(), stepped], [1.0, 1.0, 1.0], tau=1.0, iterations=3)
+    torch.testing.assert_close(result, shared)
+    assert not any(clipped)
