@@ -35,7 +35,7 @@ def _root(
 
 
 def _register() -> None:
-    from swarmd.cli import config_cmd, export, join, monitor, prepare, service, status, tasks
+    from swarmd.cli import config_cmd, export, join, monitor, prepare, run, service, status, tasks
 
     join.register(app)
     status.register(app)
@@ -45,6 +45,7 @@ def _register() -> None:
     app.add_typer(prepare.app, name="prepare")
     export.register(app)
     monitor.register(app)
+    run.register(app)
 
 
 _register()

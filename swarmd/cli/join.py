@@ -44,8 +44,15 @@ def join(
     ),
     metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", help="host:port of the Prometheus endpoint."),
     assignments: list[str] = typer.Option(None, "--set", help="Any config key: --set swarm.target_batch_size=4096."),
+    run_key: Optional[str] = typer.Option(
+        None, "--run-key", help="Without --config: trust only the run's manifest signed by this key (its fingerprint)."
+    ),
+    manifest_wait: float = typer.Option(30.0, "--manifest-wait", min=0, help="Without --config: seconds to wait "
+                                        "for the run's manifest at the initial peers."),
 ) -> None:
-    """Join a swarm (or start a new one) and train until stopped (SIGTERM/SIGINT)."""
+    """Join a swarm (or start a new one) and train until stopped (SIGTERM/SIGINT).
+
+    With --initial-peers and no --config, the run's settings come from its signed manifest in the swarm."""
     from swarmd.config import load_config
 
     given = dict(
@@ -62,10 +69,35 @@ def join(
     )
     flags = {FLAG_KEYS[name]: value for name, value in given.items() if value is not None}
     cfg = load_config(config, flags=flags, assignments=assignments or [])
-    sys.exit(run_daemon(cfg, config_path=config))
+    manifest = None
+    if config is None and not os.environ.get("SWARMD_CONFIG") and cfg.network.initial_peers:
+        from swarmd.cli.run import join_by_manifest
+
+        cfg, manifest = join_by_manifest(cfg, flags=flags, assignments=assignments or [], run_key=run_key,
+                                         run_id_given=_names_the_run(run_id, assignments or []), wait=manifest_wait)
+    elif run_key is not None:
+        from swarmd.errors import ConfigError
+
+        raise ConfigError("--run-key is for joining from the run's manifest: pass --initial-peers and no --config")
+    sys.exit(run_daemon(cfg, config_path=_config_to_share(cfg, config, manifest), manifest=manifest))
 
 
-def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
+def _names_the_run(run_id: Optional[str], assignments: list[str]) -> bool:
+    """Whether this command chose the run (else the one run the initial peers serve is joined)."""
+    return bool(run_id or os.environ.get("SWARMD_RUN_ID") or any(a.strip().startswith("run_id=") for a in assignments))
+
+
+def _config_to_share(cfg, config: Optional[str], manifest) -> Optional[str]:
+    """The --config of the `To join:` line: none where the run's manifest carries the settings (a joiner from it,
+    or the founder holding the run's key)."""
+    from swarmd.swarm.manifest import run_key_path
+
+    if manifest is not None or run_key_path(cfg.state_path, cfg.run_id).exists():
+        return None
+    return config
+
+
+def run_daemon(cfg, *, config_path: Optional[str] = None, manifest: Optional[bytes] = None) -> int:
     import uvloop
 
     from swarmd.daemon.assembly import build_extensions
@@ -84,7 +116,7 @@ def run_daemon(cfg, *, config_path: Optional[str] = None) -> int:
         from swarmd.ranks.compute_rank import run_torchrun_rank
 
         return run_torchrun_rank(cfg, place, os.environ)
-    daemon = Daemon(cfg, extensions=build_extensions(cfg), config_path=config_path)
+    daemon = Daemon(cfg, extensions=build_extensions(cfg, manifest=manifest), config_path=config_path)
     return uvloop.run(daemon.run())
 
 

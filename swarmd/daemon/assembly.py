@@ -11,8 +11,9 @@ from swarmd.extension import Extension
 __all__ = ["build_extensions"]
 
 
-def build_extensions(config) -> list[Extension]:
-    """The extensions this config asks for, in start order."""
+def build_extensions(config, *, manifest: bytes | None = None) -> list[Extension]:
+    """The extensions this config asks for, in start order. `manifest`: the run's signed manifest a joiner
+    took its config from (it serves it too)."""
     from swarmd.daemon.systemd import systemd_notifier
 
     extensions: list[Extension] = []
@@ -30,6 +31,12 @@ def build_extensions(config) -> list[Extension]:
     private = private_swarm(config.network)
     if private is not None:
         extensions.append(private)
+    from swarmd.swarm.manifest_publisher import manifest_publisher
+
+    # before the announcer: a joiner that finds peer records but no manifest takes the run for one without any
+    publisher = manifest_publisher(config, manifest)
+    if publisher is not None:
+        extensions.append(publisher)
     from swarmd.swarm.announcer import PeerAnnouncer
 
     extensions.append(PeerAnnouncer(config.run_id))
