@@ -3,7 +3,8 @@
 A light client of the DHT (status/remote.py RemoteSwarm: client mode, publishes nothing, not counted as a peer)
 reads every peer's signed record and hivemind's progress. Each read becomes `SwarmTotals` (monitor/totals.py),
 logged to the config's tracking backends (through the same fan-out a peer uses, off this loop) and served on a
-/metrics endpoint of its own: one scrape target for the whole swarm. Every `keep_every` seconds the StateKeeper
+/metrics endpoint of its own: one scrape target for the whole swarm. The same port serves the swarm's web page at
+`/` and its data at `/api/status` (monitor/page.py), from the same reads. Every `keep_every` seconds the StateKeeper
 downloads the swarm's state and writes it as a checkpoint and an export; it keeps the model once more when the
 monitor stops. SIGTERM or SIGINT stops it between reads.
 """
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import Optional
 
+from swarmd.monitor.page import SwarmPage
 from swarmd.monitor.totals import SwarmTotals, swarm_totals
 
 __all__ = ["Monitor", "MonitorMetrics"]
@@ -64,6 +66,8 @@ class Monitor:
         self.config, self.swarm = config, swarm  # swarm: a started status/remote.py RemoteSwarm
         self.interval, self.keep_every, self.metrics_listen = interval, keep_every, metrics_listen
         self.metrics = MonitorMetrics()
+        self.page = SwarmPage(config.run_id)
+        self.server = None  # the HTTP server of the page and /metrics
         self.keeper = None
         self._stop = threading.Event()
         self._previous: dict[str, dict] = {}
@@ -103,6 +107,9 @@ class Monitor:
             tracking.close(timeout=10.0)
             if self.keeper is not None:
                 self.keeper.close()
+            if self.server is not None:
+                self.server.shutdown()
+                self.server.server_close()
         return 0
 
     def _read_once(self, tracking) -> None:
@@ -116,6 +123,7 @@ class Monitor:
             return
         peers = [dict(p) for p in snapshot.peers]
         totals = swarm_totals(peers, self._previous, snapshot.global_epoch)
+        self.page.update(_as_dict(snapshot), totals, self._previous)
         self._previous = {p["peer_id"]: p for p in peers}
         self._reads += 1
         self.metrics.update(totals)
@@ -140,10 +148,14 @@ class Monitor:
     def _serve_metrics(self) -> None:
         if not self.metrics_listen:
             return
-        from prometheus_client import start_http_server
+        from swarmd.monitor.page import serve_page
 
-        from swarmd.metrics.extension import split_listen_address
+        self.server = serve_page(self.page, self.metrics.registry, self.metrics_listen)
+        host, port = self.server.server_address[:2]
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        logger.info("Swarm metrics at http://%s/metrics, the swarm's page at http://%s/", address, address)
 
-        host, port = split_listen_address(self.metrics_listen)
-        server, _thread = start_http_server(port, addr=host, registry=self.metrics.registry)
-        logger.info("Swarm metrics at http://%s:%d/metrics", host, server.server_address[1])
+
+def _as_dict(snapshot) -> dict:
+    """A Snapshot (status/remote.py) as the page keeps it; a test's stand-in may be any object with attributes."""
+    return snapshot.to_dict() if hasattr(snapshot, "to_dict") else dict(vars(snapshot))

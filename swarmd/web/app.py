@@ -1,4 +1,5 @@
-"""The WSGI app of a peer's metrics port: the page, its data, its static files, and /metrics.
+"""The WSGI app of a peer's metrics port: the page, its data, its static files, and /metrics. `swarmd monitor`
+serves the same app on its own port, with the swarm's page at `/` (monitor/page.py).
 
     /             the peer's own page (render.py), server-rendered from the latest snapshot
     /api/status   the snapshot as JSON: what the status socket serves (`swarmd status --json`), with NaN and
@@ -38,11 +39,14 @@ SECURITY_HEADERS = [
 
 
 class PeerApp:
-    """`snapshot()` returns the latest Snapshot (status/snapshot.py; anything with `to_dict()`, or a dict)."""
+    """`snapshot()` returns the latest Snapshot (status/snapshot.py; anything with `to_dict()`, or a dict).
+    `render`: its dict -> the HTML of `/` (a peer's own page; the monitor's passes render_monitor_page)."""
 
-    def __init__(self, snapshot: Callable[[], Any], *, metrics_app: Optional[Callable] = None):
+    def __init__(self, snapshot: Callable[[], Any], *, metrics_app: Optional[Callable] = None,
+                 render: Callable[[dict], str] = render_peer_page):
         self.snapshot = snapshot
         self.metrics_app = metrics_app
+        self.render = render
         self._failed = False  # a failure was logged with its traceback; the next ones go to debug
 
     def __call__(self, environ, start_response) -> Iterable[bytes]:
@@ -63,7 +67,7 @@ class PeerApp:
 
     def _route(self, path: str) -> tuple[str, str, bytes, list]:
         if path == "/":
-            html = render_peer_page(_as_dict(self.snapshot()))
+            html = self.render(_as_dict(self.snapshot()))
             return "200 OK", "text/html; charset=utf-8", html.encode(), [("Cache-Control", "no-store")]
         if path == "/api/status":
             return "200 OK", "application/json", status_json(_as_dict(self.snapshot())), [("Cache-Control", "no-store")]

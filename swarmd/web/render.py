@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from swarmd import __version__
-from swarmd.web.views import CHARTS, page_title, peer_rows, round_rows, run_items
+from swarmd.web.views import (
+    CHARTS, MONITOR_CHARTS, monitor_items, page_title, peer_rows, round_rows, run_items, seen_round_rows,
+)
 
-__all__ = ["render_peer_page", "TEMPLATES"]
+__all__ = ["render_peer_page", "render_monitor_page", "TEMPLATES"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -45,5 +47,24 @@ def render_peer_page(snapshot: Mapping[str, Any], *, now: Optional[float] = None
         charts=CHARTS,
         peers=peer_rows(snapshot),
         rounds=round_rows(snapshot, now=now),
+        version=__version__,
+    )
+
+
+def render_monitor_page(status: Mapping[str, Any], *, now: Optional[float] = None) -> str:
+    """The monitor's page (monitor/page.py `SwarmPage.status()`): the run, every peer, the swarm's curves over time
+    and the rounds the peers reported."""
+    now = time.time() if now is None else now
+    read_at = status.get("read_at")
+    read = (f"read {time.strftime('%H:%M:%S UTC', time.gmtime(read_at))}" if read_at is not None
+            else "no read of the swarm yet")
+    return _environment().get_template("monitor.html").render(
+        title=f"{status.get('run_id') or ''} · swarmd monitor",
+        run_id=str(status.get("run_id") or ""),
+        read=read,
+        items=monitor_items(status),
+        charts=MONITOR_CHARTS,
+        peers=peer_rows(status),
+        rounds=seen_round_rows(status, now=now),
         version=__version__,
     )

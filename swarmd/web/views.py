@@ -1,6 +1,6 @@
 """A snapshot (status/snapshot.py `Snapshot.to_dict()`) -> the cells of the page's components, as plain strings.
 
-Each component takes rows, not a snapshot: the daemon's page passes one peer's rows, the monitor's will pass the
+Each component takes rows, not a snapshot: the daemon's page passes one peer's rows, the monitor's passes the
 swarm's (a `peer` column on rounds, many series on the curves). Strings here are raw, as peers published them:
 escaping is the template's job (Jinja2 autoescape), never done twice, never skipped.
 """
@@ -13,7 +13,10 @@ from typing import Any, Mapping, Optional
 
 from swarmd.swarm.outcomes import FAILED_OUTCOMES
 
-__all__ = ["Item", "PeerRow", "RoundRow", "Chart", "run_items", "peer_rows", "round_rows", "CHARTS", "page_title"]
+__all__ = [
+    "Item", "PeerRow", "RoundRow", "Chart", "run_items", "peer_rows", "round_rows", "CHARTS", "page_title",
+    "MONITOR_CHARTS", "monitor_items", "seen_round_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class PeerRow:
     last_seen: str
     device: str
     version: str
+    share: str = ""  # of the swarm's samples/s: "41%" ("—" for an auxiliary peer)
+    reachability: str = ""  # can peers dial it: yes, no, unknown (swarm/reachability.py); "" where not published
 
 
 @dataclass(frozen=True)
@@ -59,17 +64,23 @@ class RoundRow:
 
 @dataclass(frozen=True)
 class Chart:
-    """A curve of the page: the script fills it from /api/status (`key`: the snapshot's history, by epoch)."""
+    """A curve of the page: the script fills it from /api/status (`key`: a history of [x, value] pairs, or
+    {"series": [{"label", "points"}]} for several curves; `x`: "epoch", or "time" for Unix seconds)."""
 
     id: str
     title: str
     unit: str
     key: str
+    x: str = "epoch"
 
 
 CHARTS = (
     Chart("chart-rate", "Throughput", "samples/s", "rate_history"),
     Chart("chart-loss", "Loss", "mean loss", "loss_history"),
+)
+MONITOR_CHARTS = (  # the monitor's reads (monitor/page.py): the swarm's total and each peer's, over time
+    Chart("chart-rate", "Throughput", "samples/s", "throughput_over_time", x="time"),
+    Chart("chart-loss", "Loss", "sample-weighted mean loss", "loss_over_time", x="time"),
 )
 
 
@@ -104,7 +115,9 @@ def run_items(s: Mapping[str, Any]) -> list[Item]:
 def peer_rows(s: Mapping[str, Any]) -> list[PeerRow]:
     """The swarm's peers from their signed records (swarm/peer_records.py fields), in the snapshot's order."""
     rows = []
-    for p in s.get("peers") or ():
+    peers = tuple(s.get("peers") or ())
+    swarm_rate = sum(float(p.get("samples_per_second") or 0.0) for p in peers if not p.get("auxiliary"))
+    for p in peers:
         failed = int(p.get("averaging_failed") or 0)
         rows.append(PeerRow(
             name=str(p.get("public_name") or ""),
@@ -122,6 +135,54 @@ def peer_rows(s: Mapping[str, Any]) -> list[PeerRow]:
             last_seen=_age(p.get("last_seen_seconds")),
             device=str(p.get("device") or ""),
             version=str(p.get("swarmd_version") or ""),
+            share=_share(p, swarm_rate),
+            reachability=str(p.get("reachable") or (s.get("reachable") if p.get("self") else "") or ""),
+        ))
+    return rows
+
+
+def monitor_items(s: Mapping[str, Any]) -> list[Item]:
+    """The run as the monitor sees it (monitor/page.py `SwarmPage.status()`): a snapshot in remote mode, plus the
+    task and strategy the peers' records agree on and the swarm's totals (monitor/totals.py) of the last read."""
+    compatibility = s.get("compatibility") or {}
+    totals = s.get("totals") or {}
+    return [
+        Item("run", str(s.get("run_id") or "")),
+        Item("task", str(s.get("task") or "—"), note=_model_note(compatibility)),
+        Item("strategy", str(compatibility.get("strategy") or "—"),
+             note=f"H = {compatibility['inner_steps']}" if compatibility.get("inner_steps") else ""),
+        Item("target batch", f"{_count(s.get('target_batch_size'))} samples"),
+        Item("global epoch", _count(s.get("global_epoch"))),
+        Item("next epoch", f"{_count(s.get('samples_accumulated'))} / {_count(s.get('target_batch_size'))} samples",
+             note=f"in {format_duration(s['eta_seconds'])}" if s.get("eta_seconds") is not None else ""),
+        Item("peers", _count(totals.get("alive_peers")),
+             note=f"{_count(totals.get('trainers'))} training" if totals else ""),
+        Item("throughput", f"{_rate(totals.get('samples_per_second'))} samples/s", note="the training peers' sum"),
+        Item("loss", _loss(totals.get("loss")), note="weighted by the samples each peer trained"),
+        Item("averaging", f"{_count(s.get('reports_succeeded'))} ok, {_count(s.get('reports_failed'))} failed",
+             note="the peers' reports since the monitor started"),
+        Item("watching", format_duration(s.get("uptime_seconds")), note=f"swarmd {s.get('swarmd_version') or ''}"),
+    ]
+
+
+def seen_round_rows(s: Mapping[str, Any], *, now: Optional[float] = None) -> list[RoundRow]:
+    """The averaging rounds the monitor saw in the peers' records (monitor/page.py `seen_rounds`, newest first):
+    a peer's success and failure counters moved between two reads. Which round, its group and its duration are not
+    in the records: those rows say who reported what, at which epoch."""
+    now = time.time() if now is None else now
+    rows = []
+    for r in s.get("seen_rounds") or ():
+        count = int(r.get("count") or 1)
+        rows.append(RoundRow(
+            age=_age(now - r["time"]) if r.get("time") is not None else "",
+            epoch=_count(r.get("epoch")),
+            kind="",
+            outcome=str(r.get("outcome") or "") + (f" ×{count}" if count > 1 else ""),
+            failed=r.get("outcome") in FAILED_OUTCOMES,
+            group_size="",
+            duration="",
+            error="",
+            peer=str(r.get("peer") or ""),
         ))
     return rows
 
@@ -171,6 +232,12 @@ def _round_duration(r: Mapping[str, Any]) -> str:
     if r.get("peer_wait_seconds"):
         text += f" ({r['peer_wait_seconds']:.2f} s for slower peers)"
     return text
+
+
+def _share(peer: Mapping[str, Any], swarm_rate: float) -> str:
+    if peer.get("auxiliary") or peer.get("samples_per_second") is None:
+        return "—"
+    return f"{100.0 * float(peer['samples_per_second']) / swarm_rate:.0f}%" if swarm_rate > 0 else "0%"
 
 
 def _model_note(compatibility: Mapping[str, Any]) -> str:

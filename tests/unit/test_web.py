@@ -34,7 +34,7 @@ def test_the_page_names_every_peer_and_round_without_javascript():
     peers = page.tables["peers"]
     assert [row[0].split(" (")[0].split(" client")[0] for row in peers] == ["alpha", "beta", HOSTILE_NAME]
     assert "(this peer)" in peers[0][0] and "client" in peers[2][0]
-    assert [row[4] for row in peers] == ["96.5", "88.0", "51.2"] and peers[1][7] == "11 ok, 1 failed"
+    assert [row[4] for row in peers] == ["96.5", "88.0", "51.2"] and peers[1][8] == "11 ok, 1 failed"
 
     rounds = page.tables["rounds"]
     assert len(rounds) == len(snapshot["recent_averaging"]) == 7

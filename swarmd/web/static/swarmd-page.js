@@ -2,7 +2,8 @@
 //
 // Every few seconds it fetches this same page and swaps in each element marked data-live (the server rendered and
 // escaped them: this script never builds HTML from what peers publish), and redraws each chart (figure[data-chart])
-// from its JSON source (data-source, e.g. api/status; data-key, a history of [epoch, value] pairs).
+// from its JSON source (data-source, e.g. api/status; data-key, a history of [x, value] pairs, or
+// {series: [{label, points}]} for several curves; data-x, "epoch" or "time" for Unix seconds).
 // Without JavaScript the server-rendered page is complete but for the curves.
 (function () {
   "use strict";
@@ -23,11 +24,14 @@
     });
   }
 
-  // The series of one chart from its source: one peer's history -> one series named after the peer.
-  // (A page of many peers passes several {label, points}; draw() takes any number.)
+  // The series of one chart from its source: one peer's history -> one series named after the peer; the
+  // monitor's {series: [{label, points}]} -> one series each (labels go through uPlot's textContent, never HTML).
   function seriesOf(data, key) {
-    var points = data[key] || [];
-    return [{label: String(data.public_name || "this peer"), points: points}];
+    var value = data[key] || [];
+    if (value.series) {
+      return value.series.map(function (s) { return {label: String(s.label), points: s.points || []}; });
+    }
+    return [{label: String(data.public_name || "this peer"), points: value}];
   }
 
   function draw(figure, series) {
@@ -38,10 +42,11 @@
       box.textContent = "";
       var note = document.createElement("p");
       note.className = "empty";
-      note.textContent = "No epoch finished yet.";
+      note.textContent = figure.dataset.x === "time" ? "No read of the swarm yet." : "No epoch finished yet.";
       box.appendChild(note);
       return;
     }
+    var byTime = figure.dataset.x === "time";
     var tables = filled.map(function (s) {
       return [s.points.map(function (p) { return p[0]; }), s.points.map(function (p) { return p[1]; })];
     });
@@ -56,9 +61,9 @@
     box.textContent = "";
     plot = new uPlot({
       width: Math.max(240, box.clientWidth), height: HEIGHT,
-      scales: {x: {time: false}},
-      axes: [{label: "epoch"}, {label: figure.dataset.unit, size: 60}],
-      series: [{label: "epoch"}].concat(filled.map(function (s, i) {
+      scales: {x: {time: byTime}},
+      axes: [{label: byTime ? "time" : "epoch"}, {label: figure.dataset.unit, size: 60}],
+      series: [{label: byTime ? "time" : "epoch"}].concat(filled.map(function (s, i) {
         return {label: s.label, stroke: COLORS[i % COLORS.length], width: 2, points: {show: s.points.length < 40}};
       })),
     }, data, box);
