@@ -170,7 +170,7 @@ class Daemon:
         return build_task(self.config, device=device, seed=seed, ranks=len(self._devices)), device, seed
 
     async def _join_swarm(self):
-        from swarmd.swarm.dht import join_command, start_dht
+        from swarmd.swarm.dht import join_addresses, join_command, start_dht
         from swarmd.swarm.priority import background_priority
 
         self._set_state("joining")
@@ -179,10 +179,11 @@ class Daemon:
             dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
         self.dht = dht
         maddrs = tuple(str(addr) for addr in dht.get_visible_maddrs())
-        self.identity = dataclasses.replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs)
+        self.identity = dataclasses.replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs,
+                                            client_mode=bool(dht.client_mode))  # the probe may have chosen it
         if self.checkpointer is not None:
             self.checkpointer.peer_id = self.identity.peer_id
-        public = [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
+        public = join_addresses(maddrs, dht.client_mode, self.config.network.initial_peers)
         logger.info("This peer (%s) announces: %s", self.identity.peer_id, ", ".join(maddrs) or "nothing (client mode)")
         # one line whatever the terminal's width: a wrapped one, pasted, runs --initial-peers without its address
         logger.info("To join: %s", join_command(public or list(maddrs), self.config.run_id, self.config_path),

@@ -114,12 +114,15 @@ def _header(s: dict[str, Any]):
 
 
 def _reachable(s: dict[str, Any]) -> str:
-    """yes / no (the advice is in the log) / unknown (no peer answered yet; a client-mode peer is not checked)."""
+    """yes / no (the advice is in the log) / unknown (no peer answered yet); a client (by choice, or because its
+    initial peers could not dial it back) is reached over the connections it opens, and trains normally."""
     reachable = s.get("reachable") or "unknown"
+    if s.get("reachability") == "client" or (reachable == "unknown" and s.get("client_mode")):
+        return "as a client (it dials out; trains normally)"
+    if s.get("reachability") == "relay":
+        return "through a relay"
     if reachable == "no":
         return "[red]no[/red] (see the log for how to fix it)"
-    if reachable == "unknown" and s.get("client_mode"):
-        return "not checked (client mode)"
     return reachable
 
 

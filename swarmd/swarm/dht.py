@@ -13,7 +13,7 @@ from pathlib import Path
 
 from swarmd.errors import ConfigError, StartupError
 
-__all__ = ["IDENTITY_FILE", "start_dht", "start_observer_dht", "stop_dht", "join_command"]
+__all__ = ["IDENTITY_FILE", "start_dht", "start_observer_dht", "stop_dht", "join_addresses", "join_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
     ):
         _check_multiaddrs(field, addresses)
     _check_ports_free(network.host_maddrs)
+    client_mode = await _joins_as_client(network)
     delay = network.bootstrap_retry_delay
     for attempt in range(1, network.bootstrap_attempts + 1):
         dht = _launch(
@@ -40,7 +41,7 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
             host_maddrs=list(network.host_maddrs),
             announce_maddrs=list(network.announce_maddrs) or None,
             identity_path=str(state_dir / IDENTITY_FILE),
-            client_mode=network.client_mode,
+            client_mode=client_mode,
             use_relay=network.use_relay,
             use_auto_relay=network.use_auto_relay,
             record_validators=list(record_validators),
@@ -58,6 +59,20 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
             await asyncio.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _joins_as_client(network) -> bool:
+    """Client mode as configured; a peer not told how it is reached (neither --client-mode nor --announce-maddrs)
+    that its initial peers cannot dial back joins as a client, which trains normally behind NAT, where a peer that
+    offers to reduce parts fails every round with another NAT'd peer (swarm/reachability.py, docs/NAT.md)."""
+    if network.client_mode or network.announce_maddrs or not network.initial_peers:
+        return network.client_mode
+    from swarmd.swarm.reachability import client_line, probe_before_joining
+
+    state, addresses = await probe_before_joining(list(network.initial_peers), list(network.host_maddrs))
+    if state == "no":
+        logger.info(client_line(addresses))
+    return state == "no"
 
 
 def start_observer_dht(initial_peers: list[str], *, record_validators=()):
@@ -180,6 +195,14 @@ def _explain(error: BaseException, initial_peers, host_maddrs) -> StartupError:
     if isinstance(error, TimeoutError) or type(error).__name__ == "TimeoutError":
         return StartupError(f"the DHT did not become ready in {_DHT_READY_TIMEOUT:.0f} s; check the network and try again")
     return StartupError(f"the DHT failed to start: {text.splitlines()[0] if text else type(error).__name__}")
+
+
+def join_addresses(maddrs, client_mode: bool, initial_peers) -> list[str]:
+    """What a newcomer should dial to join: this peer's addresses but loopback; a client's initial peers instead,
+    as nobody can dial a client (it may be behind NAT, with only a home network's address to show)."""
+    if client_mode and initial_peers:
+        return list(initial_peers)
+    return [addr for addr in maddrs if "/ip4/127." not in addr and "/ip6/::1/" not in addr]
 
 
 def join_command(maddrs: list[str], run_id: str, config_path: str | None) -> str:

@@ -13,6 +13,13 @@ answer at all (alone in the swarm, or only plain hivemind peers around) leaves i
 
 The check dials what the caller names, so it is bounded: a few addresses per request, one request per caller at a
 time, a short timeout, and nothing read beyond the greeting.
+
+Behind a home router (docs/NAT.md): nobody can dial the peer, but the connection it opens to a public peer carries
+requests both ways, so it trains with reachable peers; with another peer behind NAT it has no path at all (p2pd
+answers "routing: not found"), and a group holding both fails its round. A client-mode peer needs no path to
+them: it reduces no part and sends its gradients to the reachable peers, which reduce for it. So before joining,
+a peer that was not told how it is reached (no --client-mode, no --announce-maddrs) asks its initial peers to dial
+it back from a throw-away p2pd (`probe_before_joining`), and joins as a client when they all fail.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from typing import Any, Optional
 from swarmd.extension import DaemonView, Extension
 
 __all__ = [
-    "ReachabilityCheck", "addresses_to_check", "dial_libp2p", "tcp_endpoint", "unreachable_advice",
+    "ReachabilityCheck", "addresses_to_check", "ask_peer", "dial_libp2p", "probe_before_joining", "reachability_mode",
+    "tcp_endpoint", "unreachable_advice", "unreachable_line", "client_line",
 ]
 
 logger = logging.getLogger("swarmd.reachability")
@@ -34,6 +42,8 @@ HANDLER = "swarmd.reachability"
 ASKED_PEERS = 3
 MAX_ADDRESSES = 4
 DIAL_TIMEOUT = 3.0
+PROBE_TIMEOUT = 20.0  # the throw-away p2pd's start, its connection to an initial peer and their dial-back
+PROBE_CONNECT_WAIT = 5.0  # for p2pd's bootstrap connection to an initial peer, once it has started
 MULTISTREAM = b"/multistream/1.0.0\n"
 
 
@@ -96,6 +106,86 @@ async def dial_libp2p(host: str, port: int, timeout: float = DIAL_TIMEOUT) -> bo
         writer.close()
 
 
+def unreachable_line(addresses: list[str]) -> str:
+    """A NAT'd peer that is not a client (the probe before joining had no answer): true, and in one line."""
+    port = next((str(tcp_endpoint(a)[1]) for a in addresses if tcp_endpoint(a)), "PORT")
+    return (f"This peer is NOT reachable at {', '.join(addresses)}: it trains with reachable peers over the "
+            "connections it opens, but rounds with peers that are not reachable either fail; restart it with "
+            f"--client-mode, or forward TCP port {port} and add --announce-maddrs /ip4/PUBLIC_IP/tcp/{port}")
+
+
+def client_line(addresses: list[str]) -> str:
+    return (f"Peers could not dial this one back at {', '.join(addresses)} (behind NAT or a firewall): it joins as a "
+            "client that only dials out and trains normally; the swarm's reachable peers average for it")
+
+
+def reachability_mode(reachable: str, client_mode: bool, visible_maddrs) -> str:
+    """How other peers reach this one: direct, client (over connections it opens), relay (a /p2p-circuit address
+    it announces), unreachable (no path for peers behind NAT), unknown (not checked yet)."""
+    if client_mode:
+        return "client"
+    if reachable == "yes":
+        return "direct"
+    if any("/p2p-circuit" in str(m) for m in visible_maddrs):
+        return "relay"
+    return "unreachable" if reachable == "no" else "unknown"
+
+
+async def ask_peer(p2p, peer, addresses: list[str], timeout: float) -> Optional[bool]:
+    """Ask `peer` to dial this one back at `addresses`: True/False, or None when it does not answer."""
+    try:
+        response = await asyncio.wait_for(
+            p2p.call_protobuf_handler(peer, HANDLER, _JsonMessage(maddrs=addresses), _JsonMessage), timeout
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a peer without the handler, gone, or slow: no answer
+        logger.debug("%s did not check this peer's reachability: %r", peer, e)
+        return None
+    answers = response.fields.get("reachable")
+    if not isinstance(answers, dict) or not answers:
+        return None
+    return any(value is True for value in answers.values())
+
+
+async def ask_peers(p2p, addresses: list[str], timeout: float) -> str:
+    """yes/no/unknown from up to ASKED_PEERS of the peers `p2p` is connected to, in turn, until one says yes."""
+    answers = []
+    for peer in [info.peer_id for info in await p2p.list_peers()][: ASKED_PEERS * 3]:
+        answer = await ask_peer(p2p, peer, addresses, timeout)
+        if answer is not None:
+            answers.append(answer)
+            if len(answers) >= ASKED_PEERS or answer:
+                break
+    return "yes" if any(answers) else "no" if answers else "unknown"
+
+
+async def probe_before_joining(initial_peers: list[str], host_maddrs: list[str]) -> tuple[str, list[str]]:
+    """(yes/no/unknown, the addresses checked): a throw-away p2pd listening where the peer will, with a random
+    identity (the peer's own would look taken to hivemind's identity check right after), asks the initial peers to
+    dial it back. Anything that goes wrong is "unknown": the peer then joins as configured."""
+    from hivemind.p2p import P2P
+
+    p2p = None
+    try:
+        p2p = await asyncio.wait_for(P2P.create(initial_peers=initial_peers, host_maddrs=host_maddrs), PROBE_TIMEOUT)
+        addresses = addresses_to_check(await p2p.get_visible_maddrs())
+        deadline = asyncio.get_running_loop().time() + PROBE_CONNECT_WAIT
+        while not await p2p.list_peers() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        if not addresses:
+            return "unknown", []
+        return await asyncio.wait_for(ask_peers(p2p, addresses, DIAL_TIMEOUT * 2), PROBE_TIMEOUT), addresses
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a probe that fails must not stop the join
+        logger.debug("The reachability probe before joining failed: %r", e)
+        return "unknown", []
+    finally:
+        if p2p is not None:
+            await p2p.shutdown()
+
+
 def unreachable_advice(addresses: list[str]) -> str:
     port = next((str(tcp_endpoint(a)[1]) for a in addresses if tcp_endpoint(a)), "PORT")
     return "\n".join([
@@ -117,6 +207,7 @@ class ReachabilityCheck(Extension):
         self.recheck_known = recheck_known
         self.ask_timeout = ask_timeout
         self.reachable = "unknown"
+        self.mode = "unknown"
         self.checked_addresses: list[str] = []
         self._p2p = None
         self._task: Optional[asyncio.Task] = None
@@ -127,7 +218,7 @@ class ReachabilityCheck(Extension):
             self._task = asyncio.get_running_loop().create_task(self._run(view), name="reachability")
 
     def snapshot_fields(self) -> dict[str, Any]:
-        return {"reachable": self.reachable}
+        return {"reachable": self.reachable, "reachability": self.mode}
 
     def stopping(self, view: DaemonView) -> None:
         self._cancel()
@@ -172,8 +263,9 @@ class ReachabilityCheck(Extension):
         except Exception as e:  # noqa: BLE001 - an observer must not stop training
             logger.warning("Reachability checks are off: %s", e)
             return
-        if view.config.network.client_mode:
-            return  # accepts no connections by choice: nothing to check, still answers others
+        if getattr(view.dht, "client_mode", view.config.network.client_mode):
+            self.mode = "client"  # by choice or by the probe before joining (swarm/dht.py), which said so in the log
+            return  # accepts no connections: nothing to check, still answers others
         while True:
             await self._check_once(view)
             await asyncio.sleep(self.recheck_unknown if self.reachable == "unknown" else self.recheck_known)
@@ -182,39 +274,20 @@ class ReachabilityCheck(Extension):
         addresses = addresses_to_check(view.snapshot().visible_maddrs)
         if not addresses:
             return
-        peers = [info.peer_id for info in await self._p2p.list_peers()][: ASKED_PEERS * 3]
-        answers = []
-        for peer in peers:  # in turn, until ASKED_PEERS answered: plain hivemind peers do not serve the check
-            answer = await self._ask(peer, addresses)
-            if answer is not None:
-                answers.append(answer)
-                if len(answers) >= ASKED_PEERS or answer:
-                    break
-        state = "yes" if any(answers) else "no" if answers else "unknown"
-        self._report(state, addresses)
+        # plain hivemind peers do not serve the check: asked in turn, until ASKED_PEERS answered
+        state = await ask_peers(self._p2p, addresses, self.ask_timeout)
+        self._report(state, addresses, announced=bool(view.config.network.announce_maddrs),
+                     visible_maddrs=view.snapshot().visible_maddrs)
 
-    async def _ask(self, peer, addresses: list[str]) -> Optional[bool]:
-        try:
-            response = await asyncio.wait_for(
-                self._p2p.call_protobuf_handler(peer, HANDLER, _JsonMessage(maddrs=addresses), _JsonMessage),
-                self.ask_timeout,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a peer without the handler, gone, or slow: no answer
-            logger.debug("%s did not check this peer's reachability: %r", peer, e)
-            return None
-        answers = response.fields.get("reachable")
-        if not isinstance(answers, dict) or not answers:
-            return None
-        return any(value is True for value in answers.values())
-
-    def _report(self, state: str, addresses: list[str]) -> None:
+    def _report(self, state: str, addresses: list[str], *, announced: bool = False, visible_maddrs=()) -> None:
         changed = state != self.reachable or addresses != self.checked_addresses
         self.reachable, self.checked_addresses = state, addresses
+        self.mode = reachability_mode(state, False, visible_maddrs)
         if not changed:
             return
         if state == "yes":
             logger.info("Reachable: a peer in the swarm dialed this one back at %s", ", ".join(addresses))
-        elif state == "no":
+        elif state == "no" and announced:  # the operator said where it is reached, and it is not: fix that
             logger.warning(unreachable_advice(addresses))
+        elif state == "no":
+            logger.warning(unreachable_line(addresses))

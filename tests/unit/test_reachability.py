@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -60,3 +61,76 @@ def test_only_a_libp2p_endpoint_counts_as_reachable():
         assert asyncio.run(dial_all()) == [True, False, False]
     finally:
         dht.shutdown()
+
+
+def test_the_mode_says_how_other_peers_reach_this_one():
+    from swarmd.swarm.reachability import reachability_mode
+
+    assert reachability_mode("unknown", True, ()) == "client"
+    assert reachability_mode("no", True, ()) == "client"
+    assert reachability_mode("yes", False, ()) == "direct"
+    assert reachability_mode("no", False, ["/ip4/198.18.0.1/tcp/4001/p2p/QmRelay/p2p-circuit" + PEER]) == "relay"
+    assert reachability_mode("no", False, ["/ip4/198.19.0.2/tcp/4001" + PEER]) == "unreachable"
+    assert reachability_mode("unknown", False, ()) == "unknown"
+
+
+def test_a_peer_behind_nat_is_told_in_one_line():
+    from swarmd.swarm.reachability import client_line, unreachable_line
+
+    client = client_line(["/ip4/198.19.0.2/tcp/31337"])
+    assert "\n" not in client and "joins as a client" in client and "trains normally" in client
+    warning = unreachable_line(["/ip4/198.19.0.2/tcp/31337"])
+    assert "\n" not in warning and "--client-mode" in warning and "TCP port 31337" in warning
+
+
+def _network(**fields):
+    from swarmd.config.schema import NetworkConfig
+
+    return NetworkConfig(**{"initial_peers": ["/ip4/198.18.0.1/tcp/31337" + PEER], **fields})
+
+
+@pytest.mark.parametrize(
+    "fields, probed, expected",
+    [
+        ({}, "no", True),  # nobody could dial it back: a client
+        ({}, "yes", False),
+        ({}, "unknown", False),  # plain hivemind initial peers, a private swarm: as configured
+        ({"client_mode": True}, None, True),  # told: no probe
+        ({"announce_maddrs": ["/ip4/198.18.0.9/tcp/31337"]}, None, False),  # a port forward: no probe
+        ({"initial_peers": []}, None, False),  # a new swarm: nobody to ask
+    ],
+)
+def test_a_peer_not_told_how_it_is_reached_joins_as_a_client_when_nobody_can_dial_it(monkeypatch, fields, probed,
+                                                                                       expected):
+    from swarmd.swarm import dht, reachability
+
+    asked = []
+
+    async def probe(initial_peers, host_maddrs):
+        asked.append(initial_peers)
+        return probed, ["/ip4/198.19.0.2/tcp/31337"]
+
+    monkeypatch.setattr(reachability, "probe_before_joining", probe)
+    assert asyncio.run(dht._joins_as_client(_network(**fields))) is expected
+    assert bool(asked) == (probed is not None)
+
+
+def test_a_client_gives_its_initial_peers_as_the_join_line():
+    from swarmd.swarm.dht import join_addresses
+
+    mine = ["/ip4/127.0.0.1/tcp/31337" + PEER, "/ip4/198.19.0.2/tcp/31337" + PEER]
+    seed = ["/ip4/198.18.0.1/tcp/31337/p2p/QmSeed"]
+    assert join_addresses(mine, False, seed) == mine[1:]
+    assert join_addresses(mine, True, seed) == seed
+    assert join_addresses(mine, True, []) == mine[1:]
+
+
+def test_the_probe_of_a_peer_nobody_answers_is_unknown_within_its_bound():
+    """No initial peer answers (a closed port): unknown, and the join goes on as configured."""
+    from swarmd.swarm.reachability import PROBE_TIMEOUT, probe_before_joining
+
+    closed = _closed_port()
+    started = time.monotonic()
+    state, _ = asyncio.run(probe_before_joining([f"/ip4/127.0.0.1/tcp/{closed}" + PEER], ["/ip4/127.0.0.1/tcp/0"]))
+    assert state == "unknown"
+    assert time.monotonic() - started < PROBE_TIMEOUT + 10

@@ -98,6 +98,8 @@ def test_the_local_frame_draws_loss_and_throughput_trends_and_reachability():
     assert "loss trend  █▅▁  2 → 1  (epochs 5-7)" in frame
     assert "samples/s    ▁▅█  100.0 → 200.0  (epochs 5-7)" in frame
     assert "reachable: no (see the log for how to fix it)" in frame
+    client = {**snapshot, "reachable": "unknown", "reachability": "client", "client_mode": True}  # behind NAT
+    assert "reachable: as a client (it dials out; trains normally)" in text_of(build_view(client))
 
 
 def test_worker_stats_keep_each_epochs_samples_per_second():

@@ -1,0 +1,139 @@
+"""Home peers behind masquerading routers (benchmarks/routerlab.py), started with nothing but `--initial-peers`.
+
+A public peer on the lab's "internet" and home peers behind routers that drop every unsolicited inbound connection:
+nobody can dial the home peers back, so they join as clients and train in the public peer's groups (sync, DiLoCo,
+or with an auxiliary public peer), saying how they are reached in one line (docs/NAT.md). The toy task at LR 0,
+paced, so that three peers fit on two cores; all start at epoch 0 together (a start file), to be in step.
+
+Needs root, iproute2 and nftables: skipped with the reason otherwise; a missing tool fails it under
+SWARMD_REQUIRE_TOOLS=1 (as .ci/run runs, which installs nftables).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import routerlab  # noqa: E402
+from daemons import DaemonProcess, peer_config  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools():
+    missing = routerlab.missing_tools()
+    if "root" in missing:  # as tests/swarm/test_netlab.py: namespaces need CAP_NET_ADMIN
+        pytest.skip("the router lab needs root to make network namespaces")
+    if missing:
+        message = f"the router lab needs {', '.join(missing)}: apt-get install iproute2 nftables"
+        if os.environ.get("SWARMD_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"{message} (required: SWARMD_REQUIRE_TOOLS=1)")
+        pytest.skip(message)
+
+
+def config(tmp_path: Path) -> dict:
+    """A peer as a user at home runs it: default network settings (all interfaces, TCP 31337), no relay flags."""
+    cfg = peer_config(
+        task={"name": "toy-regression", "frozen_epochs": 1_000_000, "frozen_step_seconds": 0.5,
+              "start_file": str(tmp_path / "start")},
+        swarm={"target_batch_size": 384, "matchmaking_time": 3.0, "averaging_timeout": 15.0, "load_state_timeout": 15.0,
+               "average_state_every": 1_000_000,
+               "tracker_opts": {"min_refresh_period": 0.2, "default_refresh_period": 0.5}},
+        checkpoint={"enabled": False},
+        metrics={"enabled": False},
+    )
+    cfg["network"] = {"bootstrap_attempts": 4, "bootstrap_retry_delay": 1.0}
+    return cfg
+
+
+@pytest.fixture
+def lab_peers(tmp_path, test_tasks_env):
+    """Start `swarmd join` inside a lab namespace; every peer is killed at teardown (before the lab goes)."""
+    started: list[DaemonProcess] = []
+
+    def start(namespace: str, name: str, extra_args=()) -> DaemonProcess:
+        peer = DaemonProcess(tmp_path / name, config(tmp_path), extra_args=extra_args, env=test_tasks_env, name=name)
+        peer.args = ["ip", "netns", "exec", namespace, *peer.args]  # exec: the pid stays the peer's own
+        started.append(peer)
+        return peer.start()
+
+    yield start
+    for peer in started:
+        peer.close()
+        print(f"----- last lines of {peer.name} ({peer.log_path}) -----\n{peer.tail(60)}")
+
+
+@pytest.fixture
+def lab():
+    built = routerlab.RouterLab(public=1, homes=2)
+    with built:
+        yield built
+    assert routerlab.leftovers(built.prefix) == [], "the lab left namespaces or links behind"
+
+
+def groups(status: dict, kind: str = "gradients") -> list[int]:
+    return [r["group_size"] for r in status["recent_averaging"] if r["kind"] == kind and r["outcome"] == "success"]
+
+
+def assert_joined_as_a_client(home: DaemonProcess) -> None:
+    """The probe before joining found it unreachable: a client, saying so once, in one line, without a warning."""
+    status = home.status()
+    assert status["reachability"] == "client" and status["client_mode"], (status["reachability"], status["client_mode"])
+    lines = [line for line in home.log.splitlines() if "swarmd.reachability" in line or "swarmd.swarm.dht" in line]
+    assert [line for line in lines if "joins as a client" in line and "trains normally" in line], lines
+    assert not [line for line in lines if "WARNING" in line or "NOT reachable" in line], lines
+
+
+def start_swarm(lab, lab_peers, tmp_path, homes: int, peer_args=(), public_args=()):
+    public = lab_peers(lab.public_namespace(0), "public", extra_args=[*peer_args, *public_args])
+    joining = public.joining_args(timeout=60)
+    assert all(lab.public_address(0) in arg for arg in joining[1::2]), joining
+    home = [lab_peers(lab.home_namespace(i), f"home{i}", extra_args=[*joining, *peer_args]) for i in range(homes)]
+    for peer in (public, *home):
+        peer.wait_status(lambda s: s["state"] == "training" or s["phase"] == "assisting", timeout=60, what="training")
+    (tmp_path / "start").touch()
+    return public, home
+
+
+def test_the_routers_let_home_hosts_out_and_nothing_in(lab):
+    reaches = routerlab.reachability_matrix(lab)
+    assert reaches["home0->public0"] and reaches["home1->public0"], reaches
+    blocked = {pair for pair, ok in reaches.items() if not ok}
+    assert blocked == {pair for pair in reaches if not pair.endswith("->public0")}, reaches
+    assert lab.dropped(0) > 0 and lab.dropped(1) > 0, "unsolicited connections to a router's WAN side were not dropped"
+
+
+def test_a_home_peer_behind_a_router_averages_with_a_public_one(lab, lab_peers, tmp_path):
+    started = time.monotonic()
+    public, (home,) = start_swarm(lab, lab_peers, tmp_path, homes=1)
+    for peer in (public, home):
+        peer.wait_status(lambda s: 2 in groups(s), timeout=60, what="a gradient round with 2 peers")
+    assert_joined_as_a_client(home)
+    public.wait_status(lambda s: s["reachability"] == "direct", timeout=30, what="the public peer dialed back")
+    print(f"home peer averaged with the public one {time.monotonic() - started:.0f} s after start")
+
+
+# (arguments of every peer, of the public one, the averaging kind, how many peers train)
+SWARMS = {
+    "sync": ((), (), "gradients", 3),
+    "diloco": (("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"), (), "outer", 3),
+    # the only reachable peer does not train: it reduces for the two clients all the same
+    "auxiliary-contact": ((), ("--auxiliary",), "gradients", 2),
+}
+
+
+@pytest.mark.parametrize("swarm", SWARMS)
+def test_two_home_peers_behind_different_routers_average_in_one_group_of_three(lab, lab_peers, tmp_path, swarm):
+    peer_args, public_args, kind, trainers = SWARMS[swarm]
+    started = time.monotonic()
+    public, homes = start_swarm(lab, lab_peers, tmp_path, homes=2, peer_args=peer_args, public_args=public_args)
+    for peer in (public, *homes):
+        peer.wait_status(lambda s: s["num_peers"] == trainers and 3 in groups(s, kind), timeout=75, what="a group of 3")
+    for home in homes:
+        assert_joined_as_a_client(home)
+    print(f"three peers averaged in one group {time.monotonic() - started:.0f} s after start")
