@@ -29,7 +29,9 @@ mis-weighted average differs by orders of magnitude more, which the test checks 
 import json
 import os
 import threading
+from typing import Optional
 
+import pytest
 import torch
 
 from daemons import peer_config
@@ -82,6 +84,13 @@ class RoundRecorder(threading.Thread):
                     pass
             self.done.wait(0.3)
 
+    def partial_rounds(self, epochs) -> str:
+        """The peers' rounds of `epochs` that came back in part ("" when none did)."""
+        return "; ".join(
+            f"{name} at epoch {e}" for name, rounds in self.rounds.items() for e in epochs
+            if rounds.get(e, "").startswith("partial")
+        )
+
     def summary(self, epochs) -> str:
         return "; ".join(
             f"{name}: " + " ".join(f"{e}={rounds.get(e, '?')}" for e in epochs) for name, rounds in self.rounds.items()
@@ -96,9 +105,23 @@ def averaged_together(status) -> bool:
 
 
 def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_env, tmp_path):
-    first = daemons("a", peer(tmp_path, 0), env=test_tasks_env)
+    """A round that came back in part (a reducer late under the machine's load: seen in CI once, 11.3 % of one
+    epoch's average missing) leaves that epoch on local gradients, as it should (swarm/partial_rounds.py), and such
+    a run cannot be compared with the single process. It is run again, in a run of its own, once."""
+    for attempt in range(2):
+        workdir = tmp_path / f"attempt-{attempt}"
+        workdir.mkdir()
+        disturbed = _train_together_and_compare(daemons, test_tasks_env, workdir, suffix=str(attempt))
+        if disturbed is None:
+            return
+    pytest.fail(f"both runs had a round that came back in part: {disturbed}")
+
+
+def _train_together_and_compare(daemons, test_tasks_env, tmp_path, suffix: str) -> Optional[str]:
+    """None after the comparison's assertions; else the rounds that came back in part (nothing compared)."""
+    first = daemons("a" + suffix, peer(tmp_path, 0), env=test_tasks_env)
     joining = first.joining_args()
-    second = daemons("b", peer(tmp_path, 1), env=test_tasks_env, extra_args=joining)
+    second = daemons("b" + suffix, peer(tmp_path, 1), env=test_tasks_env, extra_args=joining)
     for node in (first, second):
         node.wait_status(lambda s: s["state"] == "training", timeout=180, what="training")
     recorder = RoundRecorder([first, second])
@@ -115,6 +138,9 @@ def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_en
     for node in (first, second):
         assert node.proc.wait(timeout=300) == 0, node.tail()
     recorder.done.set()
+    partial = recorder.partial_rounds(range(start, MAX_EPOCHS))
+    if partial:
+        return partial
 
     swarm_losses = _swarm_losses(tmp_path, start)
     reference_losses, reference_params = _single_process(test_tasks_env, start, batch=2 * BATCH, count=1)
@@ -137,6 +163,7 @@ def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_en
     assert alone_error > 100 * TOLERANCE, alone_error
     print(json.dumps({"first_trained_epoch": start, "loss_error": loss_error, "param_errors": param_errors,
                       "alone_error": alone_error}))
+    return None
 
 
 def _averaging_lines(node) -> str:
