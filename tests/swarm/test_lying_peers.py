@@ -106,6 +106,10 @@ def _liar_config(method: str, grad_scale: float = 1.0) -> dict:
         },
         training={"batch_size": LIAR_TEST_BATCH, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
+        # The liar joins as a client: it averages (its parts reach the honest reducers) but serves no state. Seen
+        # in CI: an honest peer that fell behind downloaded the liar's state (loss 0.018 -> 0.35), the other way a
+        # liar gets in, which aggregation does not cover (issue 34 item 4: not downloaded from once excluded).
+        network={"client_mode": grad_scale != 1.0},
     )
 
 
@@ -116,14 +120,14 @@ def _gradient_rounds_of_three(status) -> int:
 
 def _honest_loss_beside_a_liar(daemons, env, method: str) -> tuple[float, float, dict]:
     """Two honest daemons and a liar, every one reducing with `method`: (the honest peer's loss when the three
-    began to train together, after 6 more global epochs, its last status)."""
+    began to train together, after 10 more global epochs, its last status)."""
     a = daemons("honest-a", _liar_config(method), env=env)
     extra = a.joining_args()
     b = daemons("honest-b", _liar_config(method), env=env, extra_args=extra)
     liar = daemons("liar", _liar_config(method, grad_scale=-1000.0), env=env, extra_args=extra)
     together = a.wait_status(lambda s: s["num_peers"] == 3 and s["loss"] is not None, 120, "three peers training")
     start_epoch = together["global_epoch"]
-    status = a.wait_status(lambda s: _gradient_rounds_of_three(s) >= 4 and s["global_epoch"] >= start_epoch + 6, 90,
+    status = a.wait_status(lambda s: _gradient_rounds_of_three(s) >= 4 and s["global_epoch"] >= start_epoch + 10, 90,
                            "gradient rounds with the liar")
     print(f"\n{method}: honest peer a's loss {together['loss']:.4f} as the liar joined, {status['loss']:.4f} after "
           f"{status['global_epoch'] - start_epoch} epochs; its gradient rounds {status['averaging']['gradients']}")
@@ -135,7 +139,7 @@ def _honest_loss_beside_a_liar(daemons, env, method: str) -> tuple[float, float,
 def test_two_honest_daemons_keep_learning_beside_a_daemon_whose_gradients_are_x_minus_1000(daemons, test_tasks_env):
     """Real peers: two honest swarmd daemons and a third whose task multiplies its gradients by -1000 (the test
     plug-in). Every peer reduces its share with CenteredClip, so the liar's gradients are clipped wherever they
-    meet the others': the rounds of three succeed and the honest loss stays learned (measured: 0.0127 -> 0.0101)."""
+    meet the others': the rounds of three succeed and the honest loss stays learned (measured over 10 epochs: 0.0279 -> 0.0205)."""
     joined, after, status = _honest_loss_beside_a_liar(daemons, test_tasks_env, "centered_clip")
     assert after < max(2 * joined, 0.05), (joined, after)
     # the evidence: honest peer a clipped the liar in its share, and never its honest partner
@@ -146,7 +150,7 @@ def test_two_honest_daemons_keep_learning_beside_a_daemon_whose_gradients_are_x_
 
 def test_without_the_defence_the_same_swarm_climbs_the_loss(daemons, test_tasks_env):
     """The scenario above with hivemind's mean (and no guard): what the defence is for, and proof that the test
-    above would fail without it (measured: 0.0131 -> 0.734, past the untrained loss)."""
+    above would fail without it (measured over 10 epochs: 0.0257 -> 2.14, past the untrained loss)."""
     joined, after, status = _honest_loss_beside_a_liar(daemons, test_tasks_env, "mean")
     assert after > max(2 * joined, 0.05), (joined, after)
     assert status["outliers_clipped_total"] == 0
