@@ -139,7 +139,8 @@ def _honest_loss_beside_a_liar(daemons, env, method: str) -> tuple[float, float,
 def test_two_honest_daemons_keep_learning_beside_a_daemon_whose_gradients_are_x_minus_1000(daemons, test_tasks_env):
     """Real peers: two honest swarmd daemons and a third whose task multiplies its gradients by -1000 (the test
     plug-in). Every peer reduces its share with CenteredClip, so the liar's gradients are clipped wherever they
-    meet the others': the rounds of three succeed and the honest loss stays learned (measured over 10 epochs: 0.0279 -> 0.0205)."""
+    meet the others': the rounds of three succeed and the honest loss stays learned (measured over 10 epochs:
+    0.0279 -> 0.0205)."""
     joined, after, status = _honest_loss_beside_a_liar(daemons, test_tasks_env, "centered_clip")
     assert after < max(2 * joined, 0.05), (joined, after)
     # the evidence: honest peer a clipped the liar in its share, and never its honest partner
