@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 __all__ = [
-    "NAME_PREFIX", "SUBNET", "Lab", "tbf_settings", "tbf_args", "cleanup_leftovers", "leftovers", "in_namespace",
-    "is_root",
+    "NAME_PREFIX", "SUBNET", "Lab", "TornDownOnExit", "tbf_settings", "tbf_args", "cleanup_leftovers", "leftovers",
+    "in_namespace", "is_root",
 ]
 
 NAME_PREFIX = "swd-"
@@ -154,8 +154,24 @@ def in_namespace(namespace: str, function: Callable[[], T]) -> T:
     return outcome["value"]
 
 
+class TornDownOnExit:
+    """A lab as a context manager: `start()` on entry, `close()` on exit, and `close()` too when `start()` fails
+    half-way, so that no namespace outlives the `with` (shared by netlab.Lab and routerlab.RouterLab)."""
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
-class Lab:
+class Lab(TornDownOnExit):
     """`peers` namespaces on one bridge, each link limited to `rate_mbit` both ways. Use as a context manager."""
 
     peers: int
@@ -189,17 +205,6 @@ class Lab:
         return ["ip", "netns", "exec", self.namespace(index)]
 
     # --- life cycle ------------------------------------------------------------------------------------------
-
-    def __enter__(self) -> "Lab":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def start(self) -> None:
         bridge_ns, bridge = self.bridge_namespace, f"{self.prefix}br"

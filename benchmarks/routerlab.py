@@ -37,7 +37,8 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from netlab import (  # noqa: E402
-    NAME_PREFIX, _ip, _remove_namespace, _root_links, cleanup_leftovers, in_namespace, leftovers, tbf_args,
+    NAME_PREFIX, TornDownOnExit, _ip, _remove_namespace, _root_links, cleanup_leftovers, in_namespace, leftovers,
+    tbf_args,
 )
 
 __all__ = [
@@ -82,7 +83,7 @@ table inet swarmd_router {{
 
 
 @dataclass
-class RouterLab:
+class RouterLab(TornDownOnExit):
     """`public` hosts on the internet bridge and `homes` hosts behind a router each. Use as a context manager."""
 
     public: int
@@ -127,17 +128,6 @@ class RouterLab:
         return ["ip", "netns", "exec", namespace]
 
     # --- life cycle --------------------------------------------------------------------------------------------
-
-    def __enter__(self) -> "RouterLab":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def start(self) -> None:
         bridge = f"{self.prefix}br"
