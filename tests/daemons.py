@@ -29,6 +29,9 @@ def peer_config(**sections) -> dict:
         "swarm": {
             "target_batch_size": 128,
             "matchmaking_time": 2.0,
+            # hivemind's default is matchmaking_time, so 2 s here: on a busy 2-core machine a part came later than
+            # that and rounds returned part of the average; 5 s is what the product's default matchmaking gives
+            "next_chunk_timeout": 5.0,
             "averaging_timeout": 15.0,
             "load_state_timeout": 30.0,
         },

@@ -54,7 +54,7 @@ def peer(tmp_path, index: int) -> dict:
         },
         swarm={
             "target_batch_size": BATCH,
-            "matchmaking_time": 2.0,  # also hivemind's per-chunk timeout
+            "matchmaking_time": 2.0,
             "averaging_timeout": 20.0,
             "prescheduled_averaging": False,
             "grad_compression": "none",  # exact: fp16 on the wire would round the averaged gradient
