@@ -1,8 +1,10 @@
 """Home peers behind masquerading routers (benchmarks/routerlab.py), started with nothing but `--initial-peers`.
 
-A public peer on the lab's "internet" and home peers behind routers that drop every unsolicited inbound connection:
-nobody can dial the home peers back, so they join as clients and train in the public peer's groups (sync, DiLoCo,
-or with an auxiliary public peer), saying how they are reached in one line (docs/NAT.md). The toy task at LR 0,
+A public peer on the lab's "internet" and home peers behind routers that drop every unsolicited inbound connection
+(one router, or a router behind the carrier's NAT: two layers): nobody can dial the home peers back, so they join as
+clients and train in the public peer's groups (sync, DiLoCo, or with an auxiliary public peer), saying how they are
+reached in one line (docs/NAT.md). A home peer whose router forwards swarmd's port, announcing the router's address,
+is reached directly instead. The toy task at LR 0,
 paced, so that three peers fit on two cores; all start at epoch 0 together (a start file), to be in step.
 
 Needs root, iproute2 and nftables: skipped with the reason otherwise; a missing tool fails it under
@@ -69,8 +71,10 @@ def lab_peers(tmp_path, test_tasks_env):
 
 
 @pytest.fixture
-def lab():
-    built = routerlab.RouterLab(public=1, homes=2)
+def lab(request):
+    """One public host and two homes; a test marked `@pytest.mark.parametrize("lab", [{...}], indirect=True)` gets
+    another layout (RouterLab's fields)."""
+    built = routerlab.RouterLab(**{"public": 1, "homes": 2, **getattr(request, "param", {})})
     with built:
         yield built
     assert routerlab.leftovers(built.prefix) == [], "the lab left namespaces or links behind"
@@ -89,11 +93,12 @@ def assert_joined_as_a_client(home: DaemonProcess) -> None:
     assert not [line for line in lines if "WARNING" in line or "NOT reachable" in line], lines
 
 
-def start_swarm(lab, lab_peers, tmp_path, homes: int, peer_args=(), public_args=()):
+def start_swarm(lab, lab_peers, tmp_path, homes: int, peer_args=(), public_args=(), home_args=()):
     public = lab_peers(lab.public_namespace(0), "public", extra_args=[*peer_args, *public_args])
     joining = public.joining_args(timeout=60)
     assert all(lab.public_address(0) in arg for arg in joining[1::2]), joining
-    home = [lab_peers(lab.home_namespace(i), f"home{i}", extra_args=[*joining, *peer_args]) for i in range(homes)]
+    home = [lab_peers(lab.home_namespace(i), f"home{i}", extra_args=[*joining, *peer_args, *home_args])
+            for i in range(homes)]
     for peer in (public, *home):
         peer.wait_status(lambda s: s["state"] == "training" or s["phase"] == "assisting", timeout=60, what="training")
     (tmp_path / "start").touch()
@@ -108,6 +113,26 @@ def test_the_routers_let_home_hosts_out_and_nothing_in(lab):
     assert lab.dropped(0) > 0 and lab.dropped(1) > 0, "unsolicited connections to a router's WAN side were not dropped"
 
 
+@pytest.mark.parametrize("lab", [{"carrier": True}], indirect=True)
+def test_behind_a_carrier_nat_too_a_home_host_gets_out_and_nothing_gets_in(lab):
+    reaches = routerlab.reachability_matrix(lab)
+    assert reaches["home0->public0"] and reaches["home1->public0"], reaches
+    assert {pair for pair, ok in reaches.items() if ok} == {"home0->public0", "home1->public0"}, reaches
+    assert lab.dropped(None) > 0, "unsolicited connections to the carrier's address were not dropped"
+
+
+@pytest.mark.parametrize("lab", [{"homes": 1, "forward_port": 40123}], indirect=True)
+def test_a_port_forward_lets_the_internet_in_to_that_port_only(lab):
+    assert routerlab.reachability_matrix(lab, port=40123) == {
+        "public0->home0": True, "public0->home0@lan": False, "home0->public0": True}
+    assert not routerlab.reachability_matrix(lab, port=40124)["public0->home0"]
+
+
+# one home behind its router, and behind its router and the carrier's NAT (two layers): a client either way
+HOME_LAYOUTS = [{"homes": 1}, {"homes": 1, "carrier": True}]
+
+
+@pytest.mark.parametrize("lab", HOME_LAYOUTS, indirect=True, ids=["one-router", "two-nat-layers"])
 def test_a_home_peer_behind_a_router_averages_with_a_public_one(lab, lab_peers, tmp_path):
     started = time.monotonic()
     public, (home,) = start_swarm(lab, lab_peers, tmp_path, homes=1)
@@ -116,6 +141,20 @@ def test_a_home_peer_behind_a_router_averages_with_a_public_one(lab, lab_peers, 
     assert_joined_as_a_client(home)
     public.wait_status(lambda s: s["reachability"] == "direct", timeout=30, what="the public peer dialed back")
     print(f"home peer averaged with the public one {time.monotonic() - started:.0f} s after start")
+
+
+@pytest.mark.parametrize("lab", [{"homes": 1, "forward_port": 31337}], indirect=True)
+def test_a_home_peer_with_a_port_forward_and_announce_maddrs_is_reached_directly(lab, lab_peers, tmp_path):
+    """The user forwarded TCP 31337 (swarmd's default port) to the home box and announces the router's address:
+    no probe, no client mode; the public peer dials it there, and it serves and reduces like a public peer."""
+    announced = f"/ip4/{lab.router_address(0)}/tcp/31337"
+    public, (home,) = start_swarm(lab, lab_peers, tmp_path, homes=1, home_args=("--announce-maddrs", announced))
+    for peer in (public, home):
+        peer.wait_status(lambda s: 2 in groups(s), timeout=60, what="a gradient round with 2 peers")
+    status = home.wait_status(lambda s: s["reachability"] == "direct", timeout=30, what="dialed back at its forward")
+    assert not status["client_mode"], status["client_mode"]
+    assert "joins as a client" not in home.log
+    assert f"{announced}/p2p/{status['peer_id']}" in home.log  # the join line names the forwarded address
 
 
 # (arguments of every peer, of the public one, the averaging kind, how many peers train)
