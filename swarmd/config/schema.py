@@ -193,6 +193,44 @@ class AggregationConfig(StrictModel):
     iterations: int = Field(3, ge=1, le=50, description="CenteredClip iterations, starting from the median.")
 
 
+class ExclusionConfig(StrictModel):
+    """Exclusion on evidence (swarm/exclusion.py, docs/FAULTS.md): peers that robust aggregation keeps clipping, or
+    whose progress claims keep being capped, are refused by this peer for a growing time. Each peer decides alone."""
+
+    enabled: bool = Field(
+        True, description="Exclude peers on evidence. Off: the evidence is still counted (and claims capped), "
+        "nobody is excluded.",
+    )
+    rounds: int = Field(
+        3, ge=1, le=1000, description="Evidence needed: clipped as an outlier in at least this many rounds (or claims "
+        "capped in this many global epochs) within `window`.",
+    )
+    share: float = Field(
+        0.5, ge=0, lt=1, description="...and clipped in more than this share of the rounds it sent to this peer's "
+        "share within `window` (an honest peer clipped now and then is never excluded).",
+    )
+    window: float = Field(600.0, gt=0, description="Seconds of evidence that count.")
+    base_seconds: float = Field(
+        60.0, gt=0, description="The first exclusion of a peer, in seconds; each next one doubles."
+    )
+    max_seconds: float = Field(3600.0, gt=0, description="The longest exclusion, in seconds.")
+    max_peers: int = Field(
+        1024, ge=1, le=1_000_000, description="Peers the evidence table holds (peer ids come from strangers); when "
+        "full, the one seen longest ago that is not excluded is forgotten.",
+    )
+    claim_rate_ratio: float = Field(
+        8.0, ge=0, description="A peer's claimed samples/s is capped at this many times the swarm's median rate (and "
+        "its samples at what that rate allows since the epoch began); 0: claims are not checked. Raise it in a swarm "
+        "of very different machines.",
+    )
+
+    @model_validator(mode="after")
+    def _check_times(self) -> "ExclusionConfig":
+        if self.max_seconds < self.base_seconds:
+            raise ValueError(f"max_seconds {self.max_seconds:g} must be at least base_seconds {self.base_seconds:g}")
+        return self
+
+
 class SwarmConfig(StrictModel):
     """hivemind.Optimizer: how peers accumulate, average and stay in sync. Peers of one run should agree on these."""
 
@@ -331,6 +369,10 @@ class SwarmConfig(StrictModel):
     aggregation: AggregationConfig = Field(
         default_factory=AggregationConfig,
         description="How this peer reduces its share of each averaging round: robustly against senders that lie.",
+    )
+    exclusion: ExclusionConfig = Field(
+        default_factory=ExclusionConfig,
+        description="Which peers this peer refuses on evidence (robust aggregation's outliers, implausible claims).",
     )
 
     @model_validator(mode="after")
@@ -643,6 +685,7 @@ RUN_WIDE_KEYS: dict[str, bool] = {
     "task.data.num_workers": False,  # this machine's loader processes
     "swarm": True,  # the strategy and its settings, target batch, matchmaking, compression, aggregation
     "swarm.auxiliary": False,  # this peer's role
+    "swarm.exclusion": False,  # whom this peer refuses on evidence: each peer's own judgement
     "training": True,  # batch size, precision, seed, max_epochs
     "training.device": False,
     "training.devices": False,

@@ -31,6 +31,12 @@ def build_extensions(config, *, manifest: bytes | None = None) -> list[Extension
     private = private_swarm(config.network)
     if private is not None:
         extensions.append(private)
+    from swarmd.swarm.exclusion import exclusions
+
+    # before the DHT and the averagers exist: they are forked with the exclusion list installed
+    excluding = exclusions(config.swarm)
+    if excluding is not None:
+        extensions.append(excluding)
     from swarmd.swarm.manifest_publisher import manifest_publisher
 
     # before the announcer: a joiner that finds peer records but no manifest takes the run for one without any

@@ -171,6 +171,7 @@ class DaemonCollector(Collector):
         yield from _ranks(s)
         yield from _readings(s)
         yield from _refusals(s)
+        yield from _exclusions(s)
 
 
 def _info(s: Snapshot) -> InfoMetricFamily:
@@ -213,6 +214,26 @@ def _refusals(s: Snapshot) -> Iterable:
     for where, count in sorted(s.private.refusals.items()):
         family.add_metric([where], float(count))
     yield family
+
+
+def _exclusions(s: Snapshot) -> Iterable:
+    """Peers this one excluded on evidence (swarm/exclusion.py): how many now, how many exclusions by reason, and
+    the excluded peers' requests refused by place (every series present from the start)."""
+    yield GaugeMetricFamily("swarmd_peers_excluded", "Peers this peer excludes now on evidence (robust aggregation "
+                            "clipped them repeatedly, or their progress claims were implausible).",
+                            value=float(len(s.excluded_peers)))
+    made = CounterMetricFamily("swarmd_exclusions", "Exclusions of peers on evidence since the daemon started, by "
+                               "reason: clipped (outliers in robust aggregation), claims (implausible samples).",
+                               labels=["reason"])
+    for reason, count in sorted(s.exclusions_total.items()):
+        made.add_metric([reason], float(count))
+    yield made
+    refused = CounterMetricFamily("swarmd_excluded_refused", "Requests of excluded peers refused, by where: "
+                                  "join_group, aggregate_part, leader (not asked to lead), state_source (not "
+                                  "downloaded from).", labels=["where"])
+    for where, count in sorted(s.exclusion_refusals.items()):
+        refused.add_metric([where], float(count))
+    yield refused
 
 
 def _ranks(s: Snapshot) -> Iterable:

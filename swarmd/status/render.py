@@ -113,6 +113,28 @@ def _header(s: dict[str, Any]):
     return grid
 
 
+def excluded_line(entry: dict[str, Any], uptime, started_at) -> str:
+    """A peer this one excluded on evidence (swarm/exclusion.py): who, why, the evidence, for how much longer."""
+    now = (started_at or 0.0) + (uptime or 0.0)
+    evidence = (f"clipped in {entry.get('clipped_rounds')} of {entry.get('rounds_seen')} rounds"
+                if entry.get("reason") == "clipped" else f"claims capped in {entry.get('capped_claims')} epochs")
+    left = max(0.0, float(entry.get("until") or 0.0) - now)
+    return (f"{_short_id(entry.get('peer_id'))}  ·  {evidence}  ·  {format_duration(left)} left  ·  "
+            f"exclusion {entry.get('exclusions')}")
+
+
+def manifest_line(m: dict[str, Any]) -> str:
+    """The run's manifest in one line: version, the run key's fingerprint, and what waits for a restart."""
+    text = f"v{m.get('version')}  ·  run key {str(m.get('key_fingerprint') or '')[:16]}"
+    if m.get("pending_version"):
+        text += f"  ·  v{m['pending_version']} at the next epoch"
+    if m.get("restart_needed"):
+        text += f"  ·  restart needed for {', '.join(m['restart_needed'])}"
+    if m.get("ignored_total"):
+        text += f"  ·  {m['ignored_total']} ignored"
+    return text
+
+
 def _reachable(s: dict[str, Any]) -> str:
     """yes / no (the advice is in the log) / unknown (no peer answered yet); a client (by choice, or because its
     initial peers could not dial it back) is reached over the connections it opens, and trains normally."""

@@ -25,6 +25,7 @@ from typing import Iterable, Optional
 __all__ = [
     "WHERE",
     "AllowList",
+    "SharedPeerFile",
     "install",
     "installed",
 ]
@@ -44,29 +45,31 @@ _HINTS = {
 }
 
 
-class AllowList:
-    """The effective list, shared by the daemon and the hivemind processes forked from it (see the module doc)."""
+class SharedPeerFile:
+    """A set of peer ids that the daemon publishes as a file in the state dir (written aside, renamed into place)
+    and every process re-reads when the file's inode or mtime changes, with refusals counted in shared memory by
+    place (`places`) and the first refusal of each peer per place logged once. The machinery of the allow list
+    below and of the exclusions (swarm/exclusion.py); `_parse` turns the file's text into the set."""
 
-    def __init__(self, path: Path, own_peer_id: str):
+    places: tuple = WHERE
+    log = logger  # where refusals are logged
+
+    def __init__(self, path: Path):
         self.path = Path(path)
-        self.own_peer_id = own_peer_id
         self._peers: frozenset[str] = frozenset()
         self._seen_file: Optional[tuple] = None
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._counts = None
 
-    def start(self, peers: Iterable[str], context=None) -> None:
-        """Publish the first list and make the shared counters (before hivemind starts its processes, in the
-        multiprocessing context they use: the default one)."""
-        self._counts = (context or mp).Array("q", len(WHERE))
-        self.publish(peers)
+    def start_counting(self, context=None) -> None:
+        """Make the shared counters (before hivemind starts its processes, in the multiprocessing context they
+        use: the default one)."""
+        self._counts = (context or mp).Array("q", len(self.places))
 
-    def publish(self, peers: Iterable[str]) -> None:
-        """Make `peers` (and this peer) the list of every process: written aside, renamed into place."""
-        lines = sorted(set(peers) | {self.own_peer_id})
+    def publish_lines(self, lines: Iterable[str]) -> None:
         aside = self.path.with_name(self.path.name + ".tmp")
-        aside.write_text("".join(f"{peer}\n" for peer in lines), encoding="utf-8")
+        aside.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
         os.replace(aside, self.path)
 
     def __getstate__(self):
@@ -83,33 +86,29 @@ class AllowList:
         self._refresh()
         return self._peers
 
-    def allows(self, peer_id: str) -> bool:
-        return peer_id in self.peers
-
-    def admit(self, peer_id: str, where: str) -> bool:
-        """True if `peer_id` is on the list; otherwise count and (the first time per peer and place) log it."""
-        if self.allows(peer_id):
-            return True
+    def count_refusal(self, peer_id: str, where: str, message: str, *args) -> None:
+        """Count a refusal at `where`; log `message` (with `args`) the first time per peer and place."""
         if self._counts is not None:
             with self._counts.get_lock():
-                self._counts[WHERE.index(where)] += 1
+                self._counts[self.places.index(where)] += 1
         if (peer_id, where) not in self._logged:
             self._logged.add((peer_id, where))
-            logger.warning("Refused peer %s (%s): it is not in network.allowed_peers%s", peer_id,
-                           where.replace("_", " "), _HINTS.get(where, ""))
-        return False
+            self.log.warning(message, *args)
 
     def refusals(self) -> dict[str, int]:
         """Refusals so far in every process, by place."""
         if self._counts is None:
-            return {where: 0 for where in WHERE}
-        return dict(zip(WHERE, self._counts[:]))
+            return {where: 0 for where in self.places}
+        return dict(zip(self.places, self._counts[:]))
+
+    def _parse(self, text: str) -> frozenset:
+        return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
     def _refresh(self) -> None:
         try:
             stat = os.stat(self.path)
         except OSError:
-            return  # keep the last list: a missing file must not open the swarm
+            return  # keep the last set: a missing file must not open a private swarm (or forgive an excluded peer)
         seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if seen == self._seen_file:
             return
@@ -118,8 +117,36 @@ class AllowList:
                 text = self.path.read_text(encoding="utf-8")
             except OSError:
                 return
-            self._peers = frozenset(line.strip() for line in text.splitlines() if line.strip())
+            self._peers = self._parse(text)
             self._seen_file = seen
+
+
+class AllowList(SharedPeerFile):
+    """The effective list, shared by the daemon and the hivemind processes forked from it (see the module doc)."""
+
+    def __init__(self, path: Path, own_peer_id: str):
+        super().__init__(path)
+        self.own_peer_id = own_peer_id
+
+    def start(self, peers: Iterable[str], context=None) -> None:
+        """Publish the first list and make the shared counters (before hivemind starts its processes)."""
+        self.start_counting(context)
+        self.publish(peers)
+
+    def publish(self, peers: Iterable[str]) -> None:
+        """Make `peers` (and this peer) the list of every process: written aside, renamed into place."""
+        self.publish_lines(sorted(set(peers) | {self.own_peer_id}))
+
+    def allows(self, peer_id: str) -> bool:
+        return peer_id in self.peers
+
+    def admit(self, peer_id: str, where: str) -> bool:
+        """True if `peer_id` is on the list; otherwise count and (the first time per peer and place) log it."""
+        if self.allows(peer_id):
+            return True
+        self.count_refusal(peer_id, where, "Refused peer %s (%s): it is not in network.allowed_peers%s", peer_id,
+                           where.replace("_", " "), _HINTS.get(where, ""))
+        return False
 
 
 # The process's allow list, like hivemind's process-wide key: set by the daemon before hivemind forks its

@@ -7,6 +7,11 @@ authenticated for the stream (`P2PContext.remote_id`), not anything the caller s
 hivemind answers a peer it will not serve (a join refused, a part for no group, a download with no state), so the
 caller gives up quickly and tries elsewhere. Each averager takes the installed list (swarm/allowlist.py) when it is
 built, before its process starts; with none (an open swarm) the handlers are upstream's, unchanged.
+
+The same handlers refuse the peers this peer excluded on evidence (swarm/exclusion.py), in an open swarm too: at
+join_group and aggregate_part (the exclusion list, checked after the allow list), and matchmaking does not ask an
+excluded peer to lead (averager_pace.py). The evidence itself leaves here: after each round of this peer's share,
+every other sender and whether robust aggregation clipped it.
 """
 
 from __future__ import annotations
@@ -16,17 +21,28 @@ from typing import AsyncIterator
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
+from swarmd.swarm import exclusion
 from swarmd.swarm.allowlist import installed
 from swarmd.swarm.averager_pace import PacedAverager
 from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
 from swarmd.swarm.partial_rounds import ReportsPartialRounds
 from swarmd.swarm.robust_aggregation import AggregatesRobustly
 
-__all__ = ["AdmitsAllowedPeers", "admits", "admits_peer"]
+__all__ = ["AdmitsAllowedPeers", "admits", "admits_peer", "not_excluded"]
+
+# robust aggregation tells a liar apart from three senders on, and from two when this peer is one of them (its own
+# part is the reference: robust_aggregation.py PAIR_OUTLIER_RATIO)
+MIN_SENDERS_TO_JUDGE = 3
 
 
 def admits(allow_list, context: P2PContext, where: str) -> bool:
     return admits_peer(allow_list, context.remote_id, where)
+
+
+def not_excluded(exclusions, peer_id, where: str) -> bool:
+    """`peer_id` (a hivemind PeerID) is not excluded on evidence (`exclusions`: swarm/exclusion.py ExclusionList,
+    None when off); a refusal is counted at `where`."""
+    return exclusions is None or exclusions.admit(peer_id.to_base58(), where)
 
 
 def admits_peer(allow_list, peer_id, where: str) -> bool:
@@ -39,17 +55,33 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
     # swarm/averager_pace.py, the shutdown fix, the report of a partial round, swarm/partial_rounds.py, and the
     # robust reduction of its share, swarm/robust_aggregation.py)
     _allow_list = None
+    _exclusions = None
 
     def __init__(self, *args, **kwargs):
         # taken before the averager's process starts (inside upstream's __init__) and carried as an attribute, so the
         # list reaches that process whichever way multiprocessing starts it (fork copies the installed one anyway)
         self._allow_list = installed()
+        self._exclusions = exclusion.installed()
         super().__init__(*args, **kwargs)
+
+    def _count_outliers(self, runner) -> None:
+        super()._count_outliers(runner)
+        if self._exclusions is None:
+            return
+        reducer = runner.tensor_part_reducer
+        clipped = set(reducer.clipped_senders())
+        total = len(runner.sender_peer_ids)
+        judged = total >= MIN_SENDERS_TO_JUDGE or (total == 2 and self.peer_id in runner.sender_peer_ids)
+        senders = [(peer.to_base58(), index in clipped) for index, peer in enumerate(runner.sender_peer_ids)
+                   if peer != self.peer_id and (judged or index in clipped) and reducer.values_sent[index]]
+        if senders:
+            self._exclusions.report_round(senders)
 
     async def rpc_join_group(
         self, request: averaging_pb2.JoinRequest, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
-        if not admits(self._allow_list, context, "join_group"):
+        if not admits(self._allow_list, context, "join_group") or \
+                not not_excluded(self._exclusions, context.remote_id, "join_group"):
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
             return
         async for response in super().rpc_join_group(request, context):
@@ -58,7 +90,8 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        if not admits(self._allow_list, context, "aggregate_part"):
+        if not admits(self._allow_list, context, "aggregate_part") or \
+                not not_excluded(self._exclusions, context.remote_id, "aggregate_part"):
             yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             return
         async for message in super().rpc_aggregate_part(stream, context):

@@ -61,10 +61,12 @@ def poll_interval(setting: Optional[float], min_matchmaking_time: float) -> floa
 
 
 class _PacedReads:
-    """A GroupKeyManager whose `get_averagers` starts no sooner than `interval` after its previous call began."""
+    """A GroupKeyManager whose `get_averagers` starts no sooner than `interval` after its previous call began, and
+    leaves out the peers this peer excluded on evidence (`exclusions`, swarm/exclusion.py; None: off): matchmaking
+    never asks one of them to lead its group."""
 
-    def __init__(self, key_manager, interval: float):
-        self._key_manager, self._interval = key_manager, interval
+    def __init__(self, key_manager, interval: float, exclusions=None):
+        self._key_manager, self._interval, self._exclusions = key_manager, interval, exclusions
         self._last_read = -float("inf")
 
     def __getattr__(self, name):
@@ -75,19 +77,24 @@ class _PacedReads:
         if wait > 0:
             await asyncio.sleep(wait)
         self._last_read = time.monotonic()
-        return await self._key_manager.get_averagers(*args, **kwargs)
+        found = await self._key_manager.get_averagers(*args, **kwargs)
+        if self._exclusions is None:
+            return found
+        return [(peer, expiration) for peer, expiration in found
+                if self._exclusions.admit(peer.to_base58(), "leader")]
 
 
 class PacedPotentialLeaders(PotentialLeaders):
-    def __init__(self, *args, poll_interval: float, assemble_when_triggered: bool = False, **kwargs):
+    def __init__(self, *args, poll_interval: float, assemble_when_triggered: bool = False, exclusions=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.poll_interval = poll_interval
+        self.exclusions = exclusions
         self.assemble_when_triggered = assemble_when_triggered
         self.matchmaking = None  # the Matchmaking these leaders belong to (its followers), set by PacedAverager
         self._step, self._search_began = None, 0.0
 
     async def _update_queue_periodically(self, key_manager) -> None:
-        await super()._update_queue_periodically(_PacedReads(key_manager, self.poll_interval))
+        await super()._update_queue_periodically(_PacedReads(key_manager, self.poll_interval, self.exclusions))
 
     @contextlib.asynccontextmanager
     async def begin_search(self, step, key_manager, declare: bool = True):
@@ -165,11 +172,14 @@ class PacedAverager(DecentralizedAverager):
     def _matchmaking(self, matchmaking) -> None:
         # upstream builds its Matchmaking inside the averager's process (averager.py l.289); its leaders are swapped
         # for paced ones before any search begins
-        if self.matchmaking_poll_interval > 0 or self.assemble_when_triggered:
+        # (and with exclusions on, swarm/exclusion.py, so that an excluded peer is never asked to lead)
+        exclusions = getattr(self, "_exclusions", None)  # set by swarm/averager_gate.py's subclass
+        if self.matchmaking_poll_interval > 0 or self.assemble_when_triggered or exclusions is not None:
             leaders = matchmaking.potential_leaders
             matchmaking.potential_leaders = PacedPotentialLeaders(
                 leaders.peer_id, leaders.min_matchmaking_time, leaders.target_group_size,
                 poll_interval=self.matchmaking_poll_interval, assemble_when_triggered=self.assemble_when_triggered,
+                exclusions=exclusions,
             )
             matchmaking.potential_leaders.matchmaking = matchmaking
         self.__dict__["_matchmaking"] = matchmaking

@@ -42,7 +42,7 @@ def start_values(model, epoch: int) -> str:
 
 def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
     """Other peers offering their state: base58 peer id -> priority (their local epoch). {} if none or unreadable.
-    In a private swarm, insiders only (state_stream.state_offers)."""
+    In a private swarm, insiders only, and never a peer excluded on evidence (state_stream.state_offers)."""
     from swarmd.swarm.state_stream import state_offers
 
     averager = optimizer.state_averager
@@ -51,7 +51,7 @@ def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
     except Exception as e:  # noqa: BLE001 - a slow DHT costs the start-up download, not the start
         logger.warning("Could not read which peers offer their state (%r): not downloading it", e)
         return {}
-    offers = state_offers(found, averager.peer_id, averager._allow_list)
+    offers = state_offers(found, averager.peer_id, averager._allow_list, getattr(averager, "_exclusions", None))
     return {peer.to_base58(): priority for peer, priority in offers.items()}
 
 

@@ -23,6 +23,10 @@ step of a round) resets the count to 0 before the reporter reads it, so such a p
 every other peer's count, and its own record expires: two lone peers of one run then never see each other
 (CI, 2026-12-01: "1 peer", then "0 peers" after the 60 s expiration). Here the contribution is noted when the
 step reports it, on the caller's thread, and the reporter reads that.
+
+And it checks other peers' claims before it sums them (issue 34 item 3, swarm/claims.py): each other peer's
+samples/s and samples are capped to what the swarm makes plausible, a peer whose samples were capped is reported as
+evidence to the exclusions (swarm/exclusion.py), and the records of a peer this one excluded count for nothing.
 """
 
 from __future__ import annotations
@@ -34,11 +38,17 @@ from typing import Optional
 
 
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
-from hivemind.utils import get_dht_time, get_logger
+from hivemind.p2p import PeerID
+from hivemind.utils import ValueWithExpiration, get_dht_time, get_logger
+
+from swarmd.swarm import exclusion
+from swarmd.swarm.claims import Claim, plausible_claims
 
 upstream_logger = get_logger("hivemind.optim.progress_tracker")
 
 __all__ = ["ThrottledProgressTracker"]
+
+CLAIM_GRACE_SECONDS = 10.0  # claims.py's grace: at least this, or the tracker's longest wait between fetches
 
 
 class ThrottledProgressTracker(ProgressTracker):
@@ -50,12 +60,65 @@ class ThrottledProgressTracker(ProgressTracker):
         self._held_back = False
         self._flush_timer: Optional[threading.Timer] = None
         self.contributed_epoch = -float("inf")  # the last epoch this peer reported samples in
+        self._epoch_seen = (-1, get_dht_time())  # (the swarm's epoch, when this peer first saw it): claims.py
         super().__init__(*args, **kwargs)
         self._constructed = True
 
     other_peers = 0  # peers in the swarm other than this one (upstream's num_peers counts this one once it reported)
 
+    def update_epoch(self, new_epoch: Optional[int] = None) -> int:
+        epoch = super().update_epoch(new_epoch)
+        self._saw_epoch(self.global_progress.epoch, get_dht_time())
+        return epoch
+
+    def _saw_epoch(self, epoch: int, now: float) -> None:
+        if epoch > self._epoch_seen[0]:
+            self._epoch_seen = (epoch, now)
+
+    def _checked_claims(self, metadata):
+        """`metadata` (upstream's {subkey: ValueWithExpiration(record)}) with excluded peers' records left out and
+        the others' claims capped (swarm/claims.py); capped peers reported to the exclusions."""
+        excluding = exclusion.installed()
+        if excluding is None or not isinstance(metadata, dict):
+            return metadata
+        now, own = get_dht_time(), self.dht.peer_id.to_bytes()
+        kept, parsed = {}, []
+        for subkey, entry in metadata.items():
+            try:
+                record = LocalTrainingProgress.parse_obj(entry.value)
+                peer = PeerID(record.peer_id).to_base58()
+            except Exception:  # noqa: BLE001 - a goodbye (None) or a malformed record: upstream's to judge
+                kept[subkey] = entry
+                continue
+            if record.peer_id != own and excluding.excludes(peer):
+                continue
+            parsed.append((subkey, entry, record, peer))
+        if excluding.policy.claim_rate_ratio <= 0 or not parsed:
+            return {**kept, **{subkey: entry for subkey, entry, _, _ in parsed}}
+        epochs = [record.epoch for *_, record, _ in parsed if not record.client_mode]
+        epoch = max([self.local_progress.epoch, *epochs])
+        self._saw_epoch(epoch, now)
+        claims = [Claim(record.peer_id, record.epoch, record.samples_accumulated, record.samples_per_second,
+                        record.time, record.client_mode) for *_, record, _ in parsed]
+        checked = plausible_claims(
+            claims, own, rate_ratio=excluding.policy.claim_rate_ratio, epoch=epoch,
+            epoch_began=self._epoch_seen[1] if self._epoch_seen[0] == epoch else now, now=now,
+            grace=max(CLAIM_GRACE_SECONDS, self.max_refresh_period),
+        )
+        over = [peer for (*_, peer), (_, too_many) in zip(parsed, checked) if too_many]
+        for (subkey, entry, record, peer), (claim, _) in zip(parsed, checked):
+            if (claim.samples, claim.rate, claim.time) != (record.samples_accumulated, record.samples_per_second,
+                                                           record.time):
+                record = record.copy(update=dict(samples_accumulated=claim.samples, samples_per_second=claim.rate,
+                                                 time=claim.time))
+                entry = ValueWithExpiration(record.dict(), entry.expiration_time)
+            kept[subkey] = entry
+        if over:
+            excluding.report_claims(over, epoch)
+        return kept
+
     def _parse_swarm_progress_data(self, metadata):
+        metadata = self._checked_claims(metadata)
         progress = super()._parse_swarm_progress_data(metadata)
         own_id = self.dht.peer_id.to_bytes()
         peer_ids = [

@@ -50,6 +50,14 @@ OUTLIER_RADII = 2.0  # a sender further than this many clip radii from the resul
 # (the evidence). A tiny part (a bias of a few values) can put the liar in the middle and an honest sender outside;
 # a liar's whole share is outside.
 OUTLIER_SHARE = 0.5
+# In a round of two senders CenteredClip is their mean (neither can be told the liar), but a reducer that is one of
+# the two trusts its own part: the other counts as an outlier there (evidence only: the result is still the mean)
+# when it is further from this peer's part than this many times that part's norm. Honest gradients of one model
+# differ by about their norm, and an honest peer whose parameters went astray (a bad download) sends 10-20x a
+# converged peer's gradient (10x flagged one in the swarm test); a x -1000 liar is 1000 times off. Without it a liar
+# that one honest peer excluded meets the others in pairs, where no evidence against it would ever come
+# (swarm/exclusion.py). Loud liars only: a liar at honest scale is caught in groups of three.
+PAIR_OUTLIER_RATIO = 100.0
 
 
 @dataclass(frozen=True)
@@ -179,8 +187,9 @@ class CenteredClipReducer(TensorPartReducer):
     which it was an outlier (`clipped_by_sender`) and their values (`outlier_values`, of `values_sent`): the
     evidence a later exclusion can use."""
 
-    def __init__(self, part_shapes, num_senders: int, aggregation: Aggregation):
+    def __init__(self, part_shapes, num_senders: int, aggregation: Aggregation, own_sender: Optional[int] = None):
         self.aggregation = aggregation  # before upstream's __init__: it resets the accumulators
+        self.own_sender = own_sender  # this peer's index among the senders (None: it sends nothing, a client's)
         self.clipped_by_sender = [0] * num_senders
         self.outlier_values = [0] * num_senders
         self.values_sent = [0] * num_senders
@@ -211,12 +220,27 @@ class CenteredClipReducer(TensorPartReducer):
             logger.exception("Robust aggregation failed; this part is the senders' weighted mean")
             total = sum(weights) or 1.0
             return sum(part.float().reshape(shape) * (weight / total) for part, weight in zip(parts, weights))
+        if len(sent) == 2 and not any(clipped):
+            clipped = self._judged_by_own_part(sent)
         for one, was_clipped in zip(sent, clipped):
             self.values_sent[one.sender] += shape.numel()
             if was_clipped:
                 self.clipped_by_sender[one.sender] += 1
                 self.outlier_values[one.sender] += shape.numel()
         return result.reshape(shape)
+
+
+    def _judged_by_own_part(self, sent: list[_Sent]) -> list[bool]:
+        """A pair's flags when this peer is one of the two: the other is an outlier if it is further than
+        PAIR_OUTLIER_RATIO x |own part| from this peer's part (see PAIR_OUTLIER_RATIO)."""
+        senders = [one.sender for one in sent]
+        if self.own_sender not in senders:
+            return [False, False]
+        own = sent[senders.index(self.own_sender)].tensor.reshape(-1).float()
+        other = sent[1 - senders.index(self.own_sender)].tensor.reshape(-1).float()
+        reference = float(torch.linalg.vector_norm(own))
+        far = reference > 0 and float(torch.linalg.vector_norm(other - own)) > PAIR_OUTLIER_RATIO * reference
+        return [bool(far) and one.sender != self.own_sender for one in sent]
 
 
 class RobustAllReduceRunner(AllReduceRunner):
@@ -228,7 +252,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         # built by upstream's __init__ (allreduce.py l.127) before anything could reach it; marked finished so that
         # its __del__ does not log "received 0.0% of input tensors"
         plain.finished.set()
-        self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation)
+        own = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None
+        self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation, own)
 
 
 class AggregatesRobustly(DecentralizedAverager):

@@ -41,7 +41,7 @@ from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
-from swarmd.swarm.averager_gate import admits_peer
+from swarmd.swarm.averager_gate import admits_peer, not_excluded
 
 __all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "KINDS"]
 
@@ -90,6 +90,7 @@ class DownloadsState:
     `download_by_stream=False` (`swarm.state_stream`) downloads by hivemind's RPC only."""
 
     _allow_list = None  # an open swarm; swarmd's averagers take the installed list (swarm/averager_gate.py)
+    _exclusions = None  # none excluded; swarmd's averagers take the installed exclusions (swarm/exclusion.py)
 
     def __init__(self, *args, download_by_stream: bool = True, **kwargs):
         self.download_by_stream = download_by_stream  # before upstream's __init__, which may start the process
@@ -191,7 +192,7 @@ class DownloadsState:
     async def _peers_sharing_state(self) -> list[PeerID]:
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(key, latest=True, return_future=True)
-        offers = state_offers(found, self.peer_id, self._allow_list)
+        offers = state_offers(found, self.peer_id, self._allow_list, self._exclusions)
         ties = {peer: random.random() for peer in offers}  # randomness breaks ties, as upstream
         return sorted(offers, key=lambda peer: (offers[peer], ties[peer]), reverse=True)
 
@@ -247,11 +248,12 @@ class DownloadsState:
         return (metadata, tensors) if metadata else None
 
 
-def state_offers(found, own_peer_id: PeerID, allow_list) -> dict[PeerID, float]:
+def state_offers(found, own_peer_id: PeerID, allow_list, exclusions=None) -> dict[PeerID, float]:
     """Who offers its state in a `<prefix>.all_averagers` record that the DHT returned: peer -> priority (its
     epoch), without this peer, malformed entries and peers that stopped sharing (None). In a private swarm, insiders
     only: the DHT's record gate already drops outsiders' offers, and this holds where a record came another way (a
-    node that stored it before the list changed), so a joiner never takes an outsider's state (issue 30)."""
+    node that stored it before the list changed), so a joiner never takes an outsider's state (issue 30). Never a
+    peer this one excluded on evidence (`exclusions`, swarm/exclusion.py; issue 34)."""
     if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
         return {}
     offers = {}
@@ -263,7 +265,8 @@ def state_offers(found, own_peer_id: PeerID, allow_list) -> dict[PeerID, float]:
             peer = PeerID(subkey)
         except Exception:  # noqa: BLE001 - a subkey that is no peer id: nobody to ask
             continue
-        if peer != own_peer_id and admits_peer(allow_list, peer, "state_source"):
+        if peer != own_peer_id and admits_peer(allow_list, peer, "state_source") \
+                and not_excluded(exclusions, peer, "state_source"):
             offers[peer] = float(priority)
     return offers
 

@@ -8,6 +8,9 @@
   the defence: the honest loss stays learned, or climbs past the untrained one.
 """
 
+import re
+import statistics
+
 import pytest
 import torch
 
@@ -88,7 +91,7 @@ LIAR_TEST_LR = 0.01
 LIAR_TEST_BATCH = 64  # honest gradients of 64-sample steps agree closely: a small clip radius next to the liar's
 
 
-def _liar_config(method: str, grad_scale: float = 1.0) -> dict:
+def _liar_config(method: str, grad_scale: float = 1.0, guards: bool = False) -> dict:
     from daemons import peer_config
 
     return peer_config(
@@ -99,17 +102,17 @@ def _liar_config(method: str, grad_scale: float = 1.0) -> dict:
             "target_batch_size": LIAR_TEST_BATCH * 6,
             "matchmaking_time": 2.0,
             "averaging_timeout": 10.0,
-            # the older defences off: what keeps the honest peers learning here is the aggregation alone
-            "guard_gradient_norm_ratio": 0.0,
-            "guard_parameter_change": 0.0,
+            # guards=False: the older defences off (what keeps the honest peers learning is then the aggregation
+            # alone); True: their defaults, which cover what aggregation cannot, a group of two with the liar
+            **({} if guards else {"guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}),
             "aggregation": {"method": method},
+            "exclusion": {"base_seconds": 600.0},
         },
         training={"batch_size": LIAR_TEST_BATCH, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
-        # The liar joins as a client: it averages (its parts reach the honest reducers) but serves no state. Seen
-        # in CI: an honest peer that fell behind downloaded the liar's state (loss 0.018 -> 0.35), the other way a
-        # liar gets in, which aggregation does not cover (issue 34 item 4: not downloaded from once excluded).
-        network={"client_mode": grad_scale != 1.0},
+        # No client mode: the liar is a full peer that averages and serves its state. An honest peer that fell behind
+        # may download that before the evidence is in (seen in CI before exclusions: loss 0.018 -> 0.35), never
+        # after it excluded the liar (swarm.exclusion: an exclusion here lasts the whole test).
     )
 
 
@@ -118,40 +121,108 @@ def _gradient_rounds_of_three(status) -> int:
                for r in status["recent_averaging"])
 
 
-def _honest_loss_beside_a_liar(daemons, env, method: str) -> tuple[float, float, dict]:
-    """Two honest daemons and a liar, every one reducing with `method`: (the honest peer's loss when the three
-    began to train together, after 10 more global epochs, its last status)."""
-    a = daemons("honest-a", _liar_config(method), env=env)
+UNTRAINED_LOSS = 0.45  # the faulty task's mean y**2: the loss of a model that outputs about 0
+
+
+def _epoch_losses(status, after_epoch: int) -> list[float]:
+    """The honest peer's mean loss of each epoch after `after_epoch`: a single step's loss is noisy (64 samples; seen
+    in CI: 0.028 -> 0.061 on a learned model), the mean of an epoch's steps is what the tests judge."""
+    return [loss for epoch, loss in status["loss_history"] if epoch > after_epoch]
+
+
+def _swarm_beside_a_liar(daemons, env, method: str, done, timeout: float,
+                         guards: bool = False) -> tuple[float, list[float], dict]:
+    """Two honest daemons and a liar, every one reducing with `method` (and the guards on or off): (the honest
+    peer's loss when the three began to train together, its epoch losses since, its status once
+    `done(status, start_epoch)`)."""
+    a = daemons("honest-a", _liar_config(method, guards=guards), env=env)
     extra = a.joining_args()
-    b = daemons("honest-b", _liar_config(method), env=env, extra_args=extra)
-    liar = daemons("liar", _liar_config(method, grad_scale=-1000.0), env=env, extra_args=extra)
+    b = daemons("honest-b", _liar_config(method, guards=guards), env=env, extra_args=extra)
+    liar = daemons("liar", _liar_config(method, grad_scale=-1000.0, guards=guards), env=env, extra_args=extra)
     together = a.wait_status(lambda s: s["num_peers"] == 3 and s["loss"] is not None, 120, "three peers training")
     start_epoch = together["global_epoch"]
-    status = a.wait_status(lambda s: _gradient_rounds_of_three(s) >= 4 and s["global_epoch"] >= start_epoch + 10, 90,
-                           "gradient rounds with the liar")
-    print(f"\n{method}: honest peer a's loss {together['loss']:.4f} as the liar joined, {status['loss']:.4f} after "
-          f"{status['global_epoch'] - start_epoch} epochs; its gradient rounds {status['averaging']['gradients']}")
+    status = a.wait_status(lambda s: done(s, start_epoch), timeout, "gradient rounds with the liar")
+    losses = _epoch_losses(status, start_epoch)
+    print(f"\n{method}: honest peer a's loss {together['loss']:.4f} as the liar joined; its epoch losses over the "
+          f"{status['global_epoch'] - start_epoch} epochs since: {[round(loss, 4) for loss in losses]}; its gradient "
+          f"rounds {status['averaging']['gradients']}")
     status["peer_ids"] = {peer.name: peer.status()["peer_id"] for peer in (a, b, liar)}
     status["log"] = a.log
-    return together["loss"], status["loss"], status
+    status["daemons"] = {peer.name: peer for peer in (a, b, liar)}
+    return together["loss"], losses, status
 
 
+@pytest.mark.timeout(660)  # its bounded waits add up to 600 s on a loaded machine; 90-230 s measured on 2 cores
 def test_two_honest_daemons_keep_learning_beside_a_daemon_whose_gradients_are_x_minus_1000(daemons, test_tasks_env):
     """Real peers: two honest swarmd daemons and a third whose task multiplies its gradients by -1000 (the test
-    plug-in). Every peer reduces its share with CenteredClip, so the liar's gradients are clipped wherever they
-    meet the others': the rounds of three succeed and the honest loss stays learned (measured over 10 epochs:
-    0.0279 -> 0.0205)."""
-    joined, after, status = _honest_loss_beside_a_liar(daemons, test_tasks_env, "centered_clip")
-    assert after < max(2 * joined, 0.05), (joined, after)
-    # the evidence: honest peer a clipped the liar in its share, and never its honest partner
+    plug-in), a full peer that serves its state. Every peer reduces its share with CenteredClip, so the liar's
+    gradients are clipped wherever they meet the others': the rounds of three succeed and the honest loss stays
+    learned (with the liar a client, over 10 epochs: 0.0279 -> 0.0205). Clipped in three rounds, the liar is
+    excluded by each honest peer (swarm/exclusion.py): their status names it and why, and neither downloads its
+    state after that. The
+    guards are on (their defaults): once one honest peer excluded the liar, the other may meet it in groups of two,
+    where aggregation cannot tell who lies (without the guard: a's loss 0.005 -> 44 in such pairs, 2026-12-03) and the
+    norm guard rejects the average, while the pair is evidence all the same (a's own part is the reference,
+    robust_aggregation.py PAIR_OUTLIER_RATIO). Judged on the exclusions each honest peer shows, on their logs, and on
+    the median of honest peer a's last five epoch losses once both excluded the liar (a third of the untrained loss
+    at most, within 120 s): before the evidence is in, an honest peer that fell behind may take the liar's state
+    (seen: a's loss 0.003 -> 0.36 for a few epochs), the way in that exclusion closes only from then on."""
+
+    def excluded_and_ten_epochs(status, start_epoch) -> bool:
+        return bool(status["excluded_peers"]) and status["global_epoch"] >= start_epoch + 10
+
+    joined, losses, status = _swarm_beside_a_liar(daemons, test_tasks_env, "centered_clip", excluded_and_ten_epochs,
+                                                  timeout=150, guards=True)
+    ids, peers = status["peer_ids"], status["daemons"]
+    liar_id = ids["liar"]
+    assert not peers["liar"].status()["client_mode"]
+    # the evidence: honest peer a clipped the liar in its share, and its honest partner seldom if ever (b may hold
+    # parameters a download from the liar set astray before the exclusion: its gradients are then far from a's)
     assert status["outliers_clipped_total"] >= 1
-    assert f"clipped {status['peer_ids']['liar']} as an outlier" in status["log"]
-    assert f"clipped {status['peer_ids']['honest-b']} as an outlier" not in status["log"]
+    clipped_liar = status["log"].count(f"clipped {liar_id} as an outlier")
+    clipped_b = status["log"].count(f"clipped {ids['honest-b']} as an outlier")
+    assert clipped_liar >= 3 and clipped_b <= 1, (clipped_liar, clipped_b)
+    # each honest peer excluded the liar, and only the liar, for being clipped (b may be a round or two behind a)
+    excluded = {}
+    for name in ("honest-a", "honest-b"):
+        shown = peers[name].wait_status(lambda s: s["excluded_peers"], 60, "an exclusion")["excluded_peers"]
+        assert [entry["peer_id"] for entry in shown] == [liar_id], (name, shown)
+        assert shown[0]["reason"] == "clipped" and shown[0]["clipped_rounds"] >= 3, (name, shown)
+        excluded[name] = shown[0]
+    # the two honest peers without the liar: learning (a download of the liar's state before the evidence was in may
+    # have set one back, seen: 0.003 -> 0.36), judged on the median of a's last five epochs after both exclusions;
+    # and neither downloads from the liar after excluding it
+    epoch = peers["honest-a"].status()["global_epoch"]
+
+    def learning_without_the_liar(s) -> bool:
+        recent = _epoch_losses(s, epoch)[-5:]
+        return len(recent) == 5 and statistics.median(recent) < UNTRAINED_LOSS / 3
+
+    after = peers["honest-a"].wait_status(learning_without_the_liar, 120, "the honest loss learned after the exclusion")
+    assert [entry["peer_id"] for entry in after["excluded_peers"]] == [liar_id]
+    assert after["exclusions_total"]["clipped"] == 1
+    for name in ("honest-a", "honest-b"):
+        log = peers[name].log
+        since = log.index(f"Excluded peer {liar_id}")
+        assert not re.search(rf"Downloaded the \w+ of {liar_id}", log[since:]), name
+        assert f"Excluded peer {ids['honest-a' if name == 'honest-b' else 'honest-b']}" not in log, name
+    print(f"excluded by a after {excluded['honest-a']['clipped_rounds']} clipped rounds of "
+          f"{excluded['honest-a']['rounds_seen']}, by b after {excluded['honest-b']['clipped_rounds']} of "
+          f"{excluded['honest-b']['rounds_seen']}; a's refusals of it {after['exclusion_refusals']}; a's epoch losses "
+          f"since epoch {epoch}: {[round(loss, 4) for loss in _epoch_losses(after, epoch)]}")
 
 
 def test_without_the_defence_the_same_swarm_climbs_the_loss(daemons, test_tasks_env):
     """The scenario above with hivemind's mean (and no guard): what the defence is for, and proof that the test
-    above would fail without it (measured over 10 epochs: 0.0257 -> 2.14, past the untrained loss)."""
-    joined, after, status = _honest_loss_beside_a_liar(daemons, test_tasks_env, "mean")
-    assert after > max(2 * joined, 0.05), (joined, after)
+    above would fail without it (measured over 10 epochs: 0.0257 -> 2.14, past the untrained loss). Judged on one
+    epoch's mean loss past the untrained loss within 30 epochs."""
+
+    def climbed_past_the_untrained_loss(status, start_epoch) -> bool:
+        return (_gradient_rounds_of_three(status) >= 1
+                and max(_epoch_losses(status, start_epoch), default=0.0) > UNTRAINED_LOSS
+                or status["global_epoch"] >= start_epoch + 30)
+
+    joined, losses, status = _swarm_beside_a_liar(daemons, test_tasks_env, "mean", climbed_past_the_untrained_loss,
+                                                  timeout=150)
+    assert max(losses, default=0.0) > UNTRAINED_LOSS, (joined, losses)
     assert status["outliers_clipped_total"] == 0

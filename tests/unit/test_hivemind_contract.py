@@ -183,6 +183,8 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (ProgressTracker, "_progress_reporter", "method", ()),  # progress (a copy of the loop)
     (ProgressTracker, "report_local_progress", "method", ("local_epoch", "samples_accumulated", "update_global_samples")),  # progress
     (ProgressTracker, "_get_local_progress", "method", ("local_epoch", "samples_accumulated")),  # progress, outer_round
+    (ProgressTracker, "update_epoch", "method", ("new_epoch",)),  # progress: when this peer saw the epoch begin (claims)
+    (ProgressTracker, "max_refresh_period", "attribute", ()),  # progress: the claims' grace
     (ProgressTracker, "_local_public_key", "attribute", ()),  # progress
     (ProgressTracker, "should_report_progress", "attribute", ()),  # progress: upstream sets it, the copied loop waits
     (ProgressTracker, "global_state_updated", "attribute", ()),  # outer_round: wakes upstream's fetcher

@@ -1,0 +1,348 @@
+"""Exclusion on evidence (swarmd/swarm/exclusion.py): the table's rules, the list every process reads, the way the
+evidence comes back from another process, and where an excluded peer is refused."""
+
+import asyncio
+import multiprocessing as mp
+import random
+import time
+import types
+
+import pytest
+
+from swarmd.swarm.exclusion import (
+    EVIDENCE_QUEUE, EXCLUDED_FILE, ExclusionList, ExclusionPolicy, Exclusions, ExclusionTable, exclusions, feed,
+)
+
+T0 = 1_700_000_000.0
+
+
+def clipped_rounds(table, peer, count, start=T0, every=2.0, clipped=True):
+    made = None
+    for i in range(count):
+        made = table.observe_round(peer, clipped, start + i * every) or made
+    return made
+
+
+def test_one_clipped_round_is_no_evidence_three_are():
+    table = ExclusionTable(ExclusionPolicy(rounds=3))
+    assert table.observe_round("liar", True, T0) is None
+    assert table.observe_round("liar", True, T0 + 1) is None
+    made = table.observe_round("liar", True, T0 + 2)
+    assert made is not None and made.reason == "clipped" and made.clipped_rounds == 3 and made.rounds_seen == 3
+    assert made.until == T0 + 2 + 60.0 and made.exclusions == 1
+    assert table.is_excluded("liar", T0 + 3) and [e.peer_id for e in table.excluded(T0 + 3)] == ["liar"]
+    assert table.totals == {"clipped": 1, "claims": 0}
+
+
+def test_a_clean_run_excludes_nobody_even_with_rare_clipped_rounds():
+    """Honest senders: hours of rounds, each clipped now and then (1 in 10, some twice in a row): never the majority
+    of their rounds, so never excluded."""
+    table = ExclusionTable(ExclusionPolicy())
+    rng = random.Random(0)
+    for i in range(20_000):  # a round every 0.5 s: 2.8 hours, four honest senders
+        for peer in ("a", "b", "c", "d"):
+            assert table.observe_round(peer, rng.random() < 0.1, T0 + i * 0.5) is None
+    assert table.excluded(T0 + 10_000) == () and table.totals == {"clipped": 0, "claims": 0}
+
+
+def test_a_peer_clipped_in_a_minority_of_its_rounds_is_not_excluded():
+    table = ExclusionTable(ExclusionPolicy(rounds=3, share=0.5))
+    for i in range(10):
+        table.observe_round("p", i % 3 == 0, T0 + i)  # clipped in 4 of 10
+    assert not table.is_excluded("p", T0 + 10)
+    for i in range(10, 20):
+        table.observe_round("p", True, T0 + i)  # now 14 of 20
+    assert table.is_excluded("p", T0 + 20)
+
+
+def test_evidence_older_than_the_window_does_not_count():
+    table = ExclusionTable(ExclusionPolicy(rounds=3, window=60.0))
+    clipped_rounds(table, "p", 2, start=T0)
+    assert table.observe_round("p", True, T0 + 100) is None  # the first two aged out
+    assert table.observe_round("p", True, T0 + 101) is None
+    assert table.observe_round("p", True, T0 + 102) is not None
+
+
+def test_the_time_doubles_with_each_exclusion_up_to_the_cap():
+    policy = ExclusionPolicy(rounds=3, base_seconds=60.0, max_seconds=200.0, window=600.0)
+    table = ExclusionTable(policy)
+    now, lengths = T0, []
+    for _ in range(4):
+        made = clipped_rounds(table, "liar", 3, start=now, every=1.0)
+        lengths.append(made.until - made.since)
+        assert made.clipped_rounds == 3  # fresh evidence each time: the last exclusion's was spent with it
+        now = made.until + 1.0
+        assert not table.is_excluded("liar", now)
+    assert lengths == [60.0, 120.0, 200.0, 200.0]
+
+
+def test_while_excluded_nothing_is_recorded_and_it_expires_on_time():
+    table = ExclusionTable(ExclusionPolicy(rounds=3, base_seconds=60.0))
+    made = clipped_rounds(table, "liar", 3)
+    assert table.observe_round("liar", True, made.since + 10) is None
+    assert table.is_excluded("liar", made.until - 0.001) and not table.is_excluded("liar", made.until)
+    table.expire(made.until + 1)
+    assert table.excluded(made.until + 1) == () and len(table) == 1  # its count of exclusions is remembered
+
+
+def test_a_peer_well_behaved_for_max_seconds_starts_again_from_the_base_time():
+    policy = ExclusionPolicy(rounds=3, base_seconds=60.0, max_seconds=600.0)
+    table = ExclusionTable(policy)
+    first = clipped_rounds(table, "p", 3)
+    table.expire(first.until + 600.0)
+    assert len(table) == 0  # forgotten altogether
+    again = clipped_rounds(table, "p", 3, start=first.until + 700.0)
+    assert again.until - again.since == 60.0 and again.exclusions == 1
+
+
+def test_claims_in_three_epochs_exclude_and_repeats_in_one_epoch_do_not():
+    table = ExclusionTable(ExclusionPolicy(rounds=3))
+    for i in range(10):
+        assert table.observe_claim("p", 7, T0 + i) is None  # one epoch, fetched ten times
+    assert table.observe_claim("p", 8, T0 + 11) is None
+    made = table.observe_claim("p", 9, T0 + 12)
+    assert made is not None and made.reason == "claims" and made.capped_claims == 3
+    assert table.totals == {"clipped": 0, "claims": 1}
+
+
+def test_with_exclusion_off_the_evidence_excludes_nobody():
+    table = ExclusionTable(ExclusionPolicy(enabled=False))
+    assert clipped_rounds(table, "liar", 10) is None and table.excluded(T0 + 20) == ()
+
+
+def test_the_table_is_bounded_and_a_flood_of_ids_cannot_free_an_excluded_peer():
+    table = ExclusionTable(ExclusionPolicy(max_peers=50, rounds=3))
+    clipped_rounds(table, "liar", 3)
+    for i in range(10_000):  # strangers' made-up ids, one round each
+        table.observe_round(f"stranger-{i}", False, T0 + 10 + i * 0.001)
+    assert len(table) <= 50
+    assert table.is_excluded("liar", T0 + 30)
+    # full of excluded peers only: a newcomer's evidence is dropped, not stored
+    full = ExclusionTable(ExclusionPolicy(max_peers=2, rounds=1, share=0.0))
+    full.observe_round("x", True, T0)
+    full.observe_round("y", True, T0)
+    assert full.observe_round("z", True, T0 + 1) is None and len(full) == 2 and full.dropped_total == 1
+
+
+def test_reports_feed_the_table_and_malformed_ones_are_skipped():
+    table = ExclusionTable(ExclusionPolicy(rounds=2))
+    made = feed(table, [
+        ("round", T0, (("liar", True), ("honest", False))),
+        ("nonsense",), ("round", "not a time", (("liar", True),)), ("round", T0 + 1, ((None,),)),
+        ("claims", T0 + 1, 3, ("greedy",)),
+        ("round", T0 + 2, (("liar", True), ("honest", False))),
+    ])
+    assert [e.peer_id for e in made] == ["liar"] and not table.is_excluded("honest", T0 + 3)
+
+
+def _report_from_a_child(exclusion_list):
+    exclusion_list.report_round([("liar", True), ("honest", False)])
+    exclusion_list.report_claims(["greedy"], 4)
+
+
+def test_evidence_comes_back_from_a_forked_process_and_the_list_reaches_it(tmp_path):
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+    listed.publish(["liar"])
+    child = mp.get_context("fork").Process(target=_report_from_a_child, args=(listed,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    items = []
+    for _ in range(50):
+        items += listed.drain()
+        if len(items) == 2:
+            break
+        time.sleep(0.1)
+    assert [item[0] for item in items] == ["round", "claims"]
+    assert listed.excludes("liar") and not listed.excludes("honest")
+    assert listed.admit("honest", "join_group") and not listed.admit("liar", "join_group")
+    assert not listed.admit("liar", "state_source")
+    assert listed.refusals() == {"join_group": 1, "aggregate_part": 0, "leader": 0, "state_source": 1}
+
+
+def test_a_full_queue_drops_evidence_instead_of_blocking(tmp_path):
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+    began = time.monotonic()
+    for _ in range(1000):
+        listed.report_round([("liar", True)])  # returns at once, however many
+    assert time.monotonic() - began < 5
+    drained = []
+    for _ in range(50):
+        drained += listed.drain()
+        if len(drained) == EVIDENCE_QUEUE:
+            break
+        time.sleep(0.1)
+    assert len(drained) == EVIDENCE_QUEUE
+
+
+class _View:
+    def __init__(self, tmp_path):
+        self.config = types.SimpleNamespace(state_path=tmp_path)
+
+
+def test_the_extension_publishes_exclusions_to_every_process_and_lifts_them(tmp_path):
+    asyncio.run(_the_extension_publishes_and_lifts(tmp_path))
+
+
+async def _the_extension_publishes_and_lifts(tmp_path):
+    from swarmd.swarm import exclusion
+
+    now = [T0]
+    extension = Exclusions(ExclusionPolicy(rounds=2, base_seconds=30.0), clock=lambda: now[0])
+    await extension.start(_View(tmp_path))
+    try:
+        assert exclusion.installed() is extension.list
+        reader = ExclusionList(tmp_path / EXCLUDED_FILE)  # what another process reads
+        extension.list._evidence.put(("round", T0, (("liar", True),)))
+        extension.list._evidence.put(("round", T0 + 1, (("liar", True),)))
+        for _ in range(50):
+            extension.update()
+            if extension.table.is_excluded("liar", now[0]):
+                break
+            await asyncio.sleep(0.1)
+        assert reader.excludes("liar")
+        fields = extension.snapshot_fields()
+        (shown,) = fields["excluded_peers"]
+        assert shown.peer_id == "liar" and shown.reason == "clipped" and shown.clipped_rounds == 2
+        assert fields["exclusions_total"] == {"clipped": 1, "claims": 0}
+        now[0] = shown.until + 1
+        extension.update()
+        assert not reader.excludes("liar") and extension.snapshot_fields()["excluded_peers"] == ()
+    finally:
+        await extension.close()
+    assert exclusion.installed() is None
+
+
+def test_the_config_turns_it_on_by_default_and_off_when_asked():
+    from swarmd.config.schema import SwarmdConfig
+
+    assert exclusions(SwarmdConfig().swarm) is not None
+    off = SwarmdConfig.model_validate({"swarm": {"exclusion": {"enabled": False, "claim_rate_ratio": 0.0}}})
+    assert exclusions(off.swarm) is None
+    policy = exclusions(SwarmdConfig.model_validate({"swarm": {"exclusion": {"rounds": 5}}}).swarm).policy
+    assert policy.rounds == 5 and policy.max_seconds == 3600.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"rounds": 0}, "swarm.exclusion.rounds"),
+    ({"share": 1.0}, "swarm.exclusion.share"),
+    ({"base_seconds": 100.0, "max_seconds": 10.0}, "max_seconds 10 must be at least base_seconds 100"),
+])
+def test_the_config_is_checked(bad, message):
+    from pydantic import ValidationError
+
+    from swarmd.config.schema import SwarmdConfig
+
+    with pytest.raises(ValidationError) as raised:
+        SwarmdConfig.model_validate({"swarm": {"exclusion": bad}})
+    text = str(raised.value)
+    assert message in text or message.split(".")[-1] in text
+
+
+def test_an_excluded_peer_is_no_state_source_and_no_leader(tmp_path):
+    from hivemind.p2p import PeerID
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    from swarmd.swarm.averager_pace import _PacedReads
+    from swarmd.swarm.state_stream import state_offers
+
+    own, honest, liar = (PeerID(f"peer-{i}".encode()) for i in range(3))
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+    listed.publish([liar.to_base58()])
+    found = ValueWithExpiration({peer.to_bytes(): ValueWithExpiration(5.0, T0) for peer in (own, honest, liar)}, T0)
+    assert set(state_offers(found, own, None, listed)) == {honest}
+    assert set(state_offers(found, own, None)) == {honest, liar}  # exclusions off
+
+    class Keys:
+        async def get_averagers(self, *args, **kwargs):
+            return [(honest, T0), (liar, T0)]
+
+    reads = _PacedReads(Keys(), 0.0, listed)
+    assert asyncio.run(reads.get_averagers("key", True)) == [(honest, T0)]
+    assert listed.refusals()["state_source"] == 1 and listed.refusals()["leader"] == 1
+
+
+def test_each_judged_round_reports_every_other_sender(tmp_path):
+    """What an averager sends after a round of its share (swarm/averager_gate.py): every other sender that sent a
+    part, with whether it was clipped, from a round of three or more, or of two with this peer one of them (its own
+    part the reference); a pair of others only when clipped (a non-finite part); this peer never."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+
+    own, honest, liar, silent = (PeerID(f"peer-{i}".encode()) for i in range(4))
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+
+    class Averager(AdmitsAllowedPeers):  # the method alone: no process, no DHT
+        peer_id = None
+
+        def __del__(self):
+            pass
+
+    averager = Averager.__new__(Averager)
+    averager.outliers_clipped, averager._exclusions, averager.peer_id = mp.Value("q", 0), listed, own
+
+    def round_of(senders, clipped, sent):
+        reducer = types.SimpleNamespace(
+            clipped_senders=lambda: clipped, values_sent=sent, outlier_values=[10 if i in clipped else 0 for i in
+                                                                                range(len(senders))],
+            clipped_by_sender=[1 if i in clipped else 0 for i in range(len(senders))], num_parts=1,
+        )
+        return types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=senders)
+
+    averager._count_outliers(round_of([own, honest, liar, silent], [2], [10, 10, 10, 0]))
+    averager._count_outliers(round_of([own, liar], [], [10, 10]))  # a pair with this peer: judged
+    averager._count_outliers(round_of([honest, liar], [], [10, 10]))  # a client's pair: nobody told apart
+    averager._count_outliers(round_of([honest, liar], [1], [10, 10]))  # ...but a non-finite part counts
+    reports = []
+    for _ in range(50):
+        reports += listed.drain()
+        if len(reports) == 3:
+            break
+        time.sleep(0.1)
+    assert [senders for _, _, senders in reports] == [
+        ((honest.to_base58(), False), (liar.to_base58(), True)),
+        ((liar.to_base58(), False),),
+        ((liar.to_base58(), True),),
+    ]
+    assert averager.outliers_clipped.value == 2
+
+
+def test_in_a_pair_the_reducer_judges_the_other_sender_by_its_own_part():
+    """Two senders: the result is their mean either way (robust_aggregation.py), but the reducer that is one of them
+    counts the other as an outlier when it is more than PAIR_OUTLIER_RATIO x its own part's norm away."""
+    import torch
+
+    from swarmd.swarm.robust_aggregation import Aggregation, CenteredClipReducer, _Sent
+
+    generator = torch.Generator().manual_seed(0)
+    own = torch.randn(1000, generator=generator)
+    honest = own + torch.randn(1000, generator=generator)  # as far from it as its own norm: an honest partner
+
+    def clipped(other, own_sender):
+        async def run():  # upstream's reducer is made inside the averager's event loop
+            reducer = CenteredClipReducer([torch.Size([1000])], 2, Aggregation(), own_sender=own_sender)
+            return reducer, reducer.aggregate([_Sent(0, own), _Sent(1, other)], [1.0, 1.0])
+
+        reducer, result = asyncio.run(run())
+        assert torch.allclose(result, (own + other) / 2)
+        return reducer.clipped_by_sender
+
+    assert clipped(-1000 * own, own_sender=0) == [0, 1]
+    assert clipped(honest, own_sender=0) == [0, 0]
+    assert clipped(-1000 * own, own_sender=None) == [0, 0]  # a client reduces: neither part is its own
+
+
+def test_the_status_view_names_an_excluded_peer_its_evidence_and_the_time_left():
+    from swarmd.status.render import excluded_line
+
+    entry = {"peer_id": "QmLiar", "reason": "clipped", "since": T0, "until": T0 + 60, "clipped_rounds": 3,
+             "rounds_seen": 4, "capped_claims": 0, "exclusions": 1}
+    line = excluded_line(entry, uptime=20.0, started_at=T0)
+    assert "QmLiar" in line and "clipped in 3 of 4 rounds" in line and "40 s left" in line
+    claims = {**entry, "reason": "claims", "capped_claims": 3, "exclusions": 2}
+    assert "claims capped in 3 epochs" in excluded_line(claims, uptime=20.0, started_at=T0)
