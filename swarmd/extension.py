@@ -35,6 +35,10 @@ class DaemonView(Protocol):
     def worker_activity(self) -> Optional[WorkerActivity]:
         """The training worker's heartbeat now (None before it exists)."""
 
+    def retune(self, changes: dict) -> None:
+        """Change run-wide swarm settings while training (daemon/retune.py LIVE_SWARM_KEYS: key -> new value);
+        ValueError for one that cannot change live."""
+
 
 @dataclass(frozen=True)
 class AveragingRoundFinished:

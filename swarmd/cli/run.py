@@ -1,4 +1,4 @@
-"""`swarmd run init|show`, and what `swarmd join` does with no --config: take the run's settings from its signed
+"""`swarmd run init|show|update`, and what `swarmd join` does with no --config: take the run's settings from its signed
 manifest in the swarm (swarm/manifest.py, swarm/manifest_records.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from swarmd.errors import ConfigError
 
 __all__ = ["app", "join_by_manifest"]
 
-app = typer.Typer(help="The run's signed manifest: found a run, show what a run is.", no_args_is_help=True)
+app = typer.Typer(help="The run's signed manifest: found a run, show what a run is, change it while it runs.",
+                  no_args_is_help=True)
 
 # Seconds a joiner waits for a run's manifest by default (`swarmd join --manifest-wait`): the founder publishes it
 # once its first peer trains, seconds after its `To join:` line.
@@ -32,7 +33,8 @@ def init(
 ) -> None:
     """Found a run: make its key (state dir, mode 0600), sign its manifest, print the line that joins it."""
     from swarmd.config import load_config
-    from swarmd.swarm.manifest import create_run_key, founder_manifest, run_key_path, summary
+    from swarmd.swarm.manifest import create_run_key, run_key_path, summary
+    from swarmd.swarm.manifest_update import founder_manifest
 
     cfg = load_config(config, flags={"state_dir": state_dir} if state_dir else {}, assignments=assignments or [])
     key_path = run_key_path(cfg.state_path, cfg.run_id)
@@ -80,6 +82,58 @@ def show(
     ignored = describe_ignored(choice)
     if ignored:
         print(f"ignored: {ignored}")
+
+
+@app.command("update")
+def update(
+    assignments: list[str] = typer.Option(
+        None, "--set", help="A run-wide key: --set network.allowed_peers=[Qm...,Qm...] (repeatable)."),
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="The founder's state dir (holds the run's key)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="The run (needed when the state dir founded several)."),
+    initial_peers: list[str] = typer.Option(None, "--initial-peers", help="Also publish it through this peer of the "
+                                            "run now (repeatable); else the founder's running peer publishes it."),
+) -> None:
+    """Change a running run's settings (the founder only): sign the next manifest version with the run's key.
+    Peers apply network.allowed_peers, swarm.averaging_timeout and swarm.load_state_timeout at their next epoch
+    boundary; other changed keys take effect when each peer restarts. Exit 2: an unknown key, a key that is not
+    run-wide, a value that fails validation, no run key in the state dir."""
+    from swarmd.config.paths import default_state_dir
+    from swarmd.swarm.manifest import summary
+    from swarmd.swarm.manifest_update import LIVE_KEYS, sign_update
+
+    manifest, changes = sign_update(state_dir or default_state_dir(), run_id, assignments or [])
+    if not changes:
+        print(f"Unchanged: the run's manifest v{manifest.version} already has these settings")
+        return
+    live = [key for key in changes if any(key == k or key.startswith(k + ".") for k in LIVE_KEYS)]
+    restart = [key for key in changes if key not in live]
+    print(f"Manifest: {summary(manifest)}")
+    if live:
+        print(f"Live at each peer's next epoch boundary: {', '.join(live)}")
+    if restart:
+        print(f"Restart needed (each peer reports it in its status): {', '.join(restart)}")
+    if initial_peers:
+        _publish_through(initial_peers, manifest)
+        print(f"Published through {initial_peers[0]}")
+    else:
+        print("The founder's running peer (this state dir) publishes it within seconds; peers poll for it")
+
+
+def _publish_through(initial_peers: list[str], manifest) -> None:
+    from swarmd.config.multiaddr import check_multiaddr
+    from swarmd.swarm.manifest_records import publish
+
+    try:
+        peers = [check_multiaddr(addr, require_peer_id=True) for addr in initial_peers]
+    except ValueError as e:
+        raise ConfigError(f"--initial-peers: {e}") from None
+    with _observer(peers, manifest.run_id) as dht:
+        try:
+            for future in publish(dht, manifest, expiration=300.0):
+                future.result(timeout=_READ_TIMEOUT * 2)
+        except Exception as e:  # noqa: BLE001 - the signed version is stored; the founder's peer serves it too
+            raise ConfigError(f"the new version is signed and stored, but publishing it through --initial-peers "
+                              f"failed ({e!r}); the founder's running peer publishes it") from None
 
 
 def join_by_manifest(cfg, *, flags: dict[str, Any], assignments: list[str], run_id_given: bool,

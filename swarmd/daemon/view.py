@@ -27,3 +27,8 @@ class LiveView:
     def worker_activity(self) -> Optional[WorkerActivity]:
         runtime = self._daemon.runtime
         return runtime.stats.activity() if runtime is not None else None
+
+    def retune(self, changes: dict) -> None:
+        from swarmd.daemon.retune import retune
+
+        self._daemon.config = retune(self._daemon.runtime, self._daemon.config, changes)

@@ -49,6 +49,11 @@ GAUGES: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
      lambda s: s.grad_norm),
     ("swarmd_allowed_peers", "Peers on network.allowed_peers besides this one (absent: an open swarm).",
      lambda s: s.private.allowed_peers if s.private else None),
+    ("swarmd_manifest_version", "Version of the run's signed manifest this peer follows (absent: no manifest).",
+     lambda s: s.manifest.version if s.manifest else None),
+    ("swarmd_manifest_restart_needed", "1 when the run's manifest changed settings that apply only at a restart of "
+     "this peer (status manifest.restart_needed names them).",
+     lambda s: float(bool(s.manifest.restart_needed)) if s.manifest else None),
     ("swarmd_incompatible_peers", "Peers whose records disagree with this peer's model or must-agree settings "
      "(left out of its peers).", lambda s: len(s.incompatible_peers)),
     ("swarmd_parameter_drift_ratio",
@@ -62,6 +67,8 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_steps", "Local training steps since the daemon started.", lambda s: s.steps_total),
     ("swarmd_checkpoint_failures", "Checkpoints that could not be written.",
      lambda s: s.checkpoint.failures_total if s.checkpoint else 0),
+    ("swarmd_manifest_ignored", "Entries of the run's manifest record ignored: malformed, forged, or signed by "
+     "another key than the run's.", lambda s: s.manifest.ignored_total if s.manifest else 0),
     ("swarmd_state_loads", "Downloads of the model and optimizer state from peers (catching up with the swarm), "
      "or of the parameters alone after a download the swarm outran.",
      lambda s: s.state_loads_total),

@@ -80,6 +80,8 @@ def _header(s: dict[str, Any]):
     if s.get("mode") == "remote":
         grid.add_row("observer", f"a light client of the DHT (not a peer: trains nothing, not counted) via {_first(s.get('initial_peers'))}")
         grid.add_row("records", f"{len(s.get('peers') or [])} peer record(s), {s.get('peer_records_rejected_total', 0)} malformed ignored")
+        if s.get("manifest"):
+            grid.add_row("manifest", manifest_line(s["manifest"]))
         if not s.get("peers") and not s.get("num_peers"):
             grid.add_row("", f"no peer of run {s.get('run_id')!r} found: is --run-id the run's id?")
         return grid
@@ -104,6 +106,10 @@ def _header(s: dict[str, Any]):
     if s.get("allowed_peers") is not None:
         refused = sum((s.get("refusals") or {}).values())
         grid.add_row("private", f"{s['allowed_peers']} other peer(s) allowed (network.allowed_peers)  ·  {refused} refused")
+    if s.get("manifest"):
+        grid.add_row("manifest", manifest_line(s["manifest"]))
+    for entry in s.get("excluded_peers") or ():
+        grid.add_row("excluded", excluded_line(entry, s.get("uptime_seconds"), s.get("started_at")))
     if s.get("parameter_drift") is not None:
         grid.add_row("drift", f"{s['parameter_drift']:.3g} of the parameters' norm from the swarm's last average")
     if s.get("metrics_address"):

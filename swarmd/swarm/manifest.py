@@ -48,7 +48,6 @@ __all__ = [
     "pin_run_key",
     "read_pin",
     "check_run_key_flag",
-    "founder_manifest",
     "conflicts",
     "version_allows",
     "summary",
@@ -299,29 +298,6 @@ def check_run_key_flag(value: Optional[str]) -> Optional[str]:
         raise ConfigError(f"--run-key {value!r}: expected the run key's fingerprint (64 hex digits), as "
                           "`swarmd run init` prints it")
     return text
-
-
-def founder_manifest(config) -> Manifest:
-    """The founder's manifest for `config`: the stored one while the run-wide settings are unchanged, else the
-    next version, signed and stored (the run's key and the stored manifest live in the state dir)."""
-    state_dir, run_id = config.state_path, config.run_id
-    key = load_run_key(run_key_path(state_dir, run_id))
-    wanted = manifest_config(config)
-    stored_path = stored_manifest_path(state_dir, run_id)
-    previous = None
-    if stored_path.exists():
-        try:
-            previous = decode(stored_path.read_bytes(), run_id=run_id)
-        except (OSError, BadManifest):
-            previous = None  # damaged: sign anew, one version above nothing we can read
-    public_key = key.get_public_key().to_bytes().decode("ascii")
-    if previous is not None and previous.config == wanted and previous.public_key == public_key \
-            and version_allows(previous.swarmd_versions, __version__):
-        return previous
-    manifest = sign(key, run_id=run_id, version=(previous.version + 1 if previous else 1), config=wanted)
-    _write_private(stored_path, manifest.envelope)
-    pin_run_key(state_dir, run_id, manifest.fingerprint)
-    return manifest
 
 
 def conflicts(run_wide: dict[str, Any], effective: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:

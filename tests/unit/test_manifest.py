@@ -12,6 +12,7 @@ from swarmd.config import load_config
 from swarmd.config.schema import RUN_WIDE_KEYS, SwarmdConfig, run_wide_part, scope_of
 from swarmd.errors import ConfigError
 from swarmd.swarm import manifest as mf
+from swarmd.swarm import manifest_update as mu
 
 ALBERT = REPO / "configs" / "albert-micro.yaml"
 
@@ -140,10 +141,10 @@ def test_the_founder_signs_a_new_version_only_when_a_run_wide_key_changes(tmp_pa
     assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
     with pytest.raises(ConfigError, match="already exists"):
         mf.create_run_key(key_path)
-    first = mf.founder_manifest(config())
+    first = mu.founder_manifest(config())
     assert first.version == 1
-    assert mf.founder_manifest(config("training.threads=1", "metrics.enabled=false")).version == 1  # local keys
-    second = mf.founder_manifest(config("swarm.target_batch_size=512"))
+    assert mu.founder_manifest(config("training.threads=1", "metrics.enabled=false")).version == 1  # local keys
+    second = mu.founder_manifest(config("swarm.target_batch_size=512"))
     assert second.version == 2 and second.config["swarm"]["target_batch_size"] == 512
     assert mf.read_pin(tmp_path, "albert-micro") == first.fingerprint == second.fingerprint
 
