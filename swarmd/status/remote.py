@@ -66,7 +66,14 @@ class RemoteSwarm:
         route_hivemind_logs("error")
         tie_children_to_this_process()  # the DHT process and its p2pd die with this command, even on kill -9
         self.records = PeerRecords(self.run_id)
-        validators = self.records.validators + progress_validators(self.run_id, self.records.signature)
+        from swarmd.swarm.round_records import RoundRecords
+
+        self.round_records = RoundRecords(self.run_id)
+        from swarmd.swarm.manifest_records import ManifestValidator
+
+        validators = [*self.records.validators, *self.round_records.validators,
+                      *progress_validators(self.run_id, self.records.signature),
+                      ManifestValidator(self.run_id, None)]
         self.dht = start_observer_dht(self.initial_peers, record_validators=validators)
 
     def close(self) -> None:
@@ -82,15 +89,24 @@ class RemoteSwarm:
 
         from swarmd.swarm.peer_records import common_target_batch_size
         from swarmd.swarm.progress_records import swarm_progress
+        from swarmd.swarm.round_records import parse_round_records
+
+        from swarmd.swarm.manifest_records import manifest_key
 
         records_future = self.records.fetch(self.dht)
         progress_future = self.dht.get(self._progress_key, latest=True, return_future=True)
+        manifest_future = self.dht.get(manifest_key(self.run_id), latest=True, return_future=True)
+        rounds_future = self.round_records.fetch(self.dht)
         try:
             records = records_future.result(self.read_timeout)
+            rounds = rounds_future.result(self.read_timeout)
             progress = progress_future.result(self.read_timeout)
+            manifests = manifest_future.result(self.read_timeout)
         except FutureTimeout:
             raise SwarmUnreadable(f"the DHT did not answer within {self.read_timeout:.0f} s") from None
         peers, rejected = self.records.parse(records)
+        swarm_rounds, rounds_rejected = parse_round_records(rounds)
+        known = {peer["peer_id"] for peer in peers}
         swarm = swarm_progress(progress, common_target_batch_size(peers))
         return Snapshot(
             mode="remote",
@@ -103,6 +119,21 @@ class RemoteSwarm:
             started_at=self.started_at,
             uptime_seconds=round(time.time() - self.started_at, 3),
             peers=tuple(peers),
-            peer_records_rejected_total=rejected,
+            peer_records_rejected_total=rejected + rounds_rejected,
+            swarm_rounds=tuple(record for record in swarm_rounds if record["peer_id"] in known),
+            manifest=_manifest_info(manifests, self.run_id),
             **swarm,
         )
+
+
+def _manifest_info(found, run_id: str):
+    """The newest manifest the swarm serves for the run, if exactly one key signs it (an observer pins none)."""
+    from swarmd.swarm.manifest import choose
+    from swarmd.swarm.manifest_update import ManifestInfo
+    from swarmd.swarm.peer_records import entries
+
+    choice = choose(entries(found), run_id, None)
+    if choice.manifest is None:
+        return None
+    return ManifestInfo(version=choice.manifest.version, key_fingerprint=choice.manifest.fingerprint,
+                        started_version=choice.manifest.version, ignored_total=choice.malformed)

@@ -6,9 +6,10 @@ of state) with `build_snapshot`, from the typed parts its owners report: the swa
 worker's report with its readings (worker/stats.py WorkerReport, WorkerReadings, CudaMemory), the ranks' report
 (ranks/local.py RanksReport, ranks/rank_stats.py RankReport), the averaging summary (swarm/averaging_log.py), the
 checkpointer's CheckpointInfo; then each extension's typed fields (the private swarm's PrivateSwarmInfo, the
-watchdog, the network bytes, the tracking). Every reader gets that same frozen object (or its `to_dict()`, which is
-what the status socket serves). API_VERSION changes when a key of `to_dict()` is renamed or removed, or its value
-changes shape (adding keys does not change it); tests/unit/test_snapshot_api.py pins them.
+run manifest's ManifestInfo, the watchdog, the network bytes, the tracking). Every reader gets that same frozen
+object (or its `to_dict()`, which is what the status socket serves). API_VERSION changes when a key of `to_dict()`
+is renamed or removed, or its value changes shape (adding keys does not change it); tests/unit/test_snapshot_api.py
+pins them.
 No torch or hivemind import: `swarmd status` and the metrics read this.
 """
 
@@ -22,6 +23,9 @@ from typing import Any, Mapping, Optional
 
 from swarmd import __version__
 from swarmd.swarm.averaging_log import AveragingRound, AveragingSummary
+from swarmd.swarm.reachability_states import REACHABILITY_MODES, REACHABILITY_STATES
+from swarmd.swarm.exclusion import PLACES as EXCLUSION_PLACES, REASONS as EXCLUSION_REASONS
+from swarmd.swarm.manifest_update import ManifestInfo
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
 from swarmd.swarm.private import PrivateSwarmInfo
 
@@ -46,10 +50,6 @@ __all__ = [
 API_VERSION = 1
 _CUDA_ONLY = ("cuda_allocated_bytes", "cuda_reserved_bytes")  # keys of a rank's row (RankReport) a CPU rank lacks
 PEER_STATES = ("starting", "joining", "training", "stopping")  # the daemon's states (`phase` is the worker's)
-REACHABILITY_STATES = ("yes", "no", "unknown")  # can other peers dial this one (swarm/reachability.py)
-# how other peers reach this one (swarm/reachability.py reachability_mode): dialing it, over the connections it opens
-# as a client, through a relay's address it announces; unreachable (no path from peers behind NAT); not known yet
-REACHABILITY_MODES = ("direct", "client", "relay", "unreachable", "unknown")
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,11 @@ class Snapshot:
     # senders this peer's share of the all-reduces clipped as outliers, one per sender and round
     # (swarm/robust_aggregation.py): the evidence against a peer that lies
     outliers_clipped_total: int = 0
+    # peers this one excluded on evidence (swarm/exclusion.py ExcludedPeer each: peer_id, reason, since, until,
+    # clipped_rounds, rounds_seen, capped_claims, exclusions), exclusions made by reason, refusals of them by place
+    excluded_peers: tuple = ()
+    exclusions_total: dict = field(default_factory=lambda: {reason: 0 for reason in EXCLUSION_REASONS})
+    exclusion_refusals: dict = field(default_factory=lambda: {place: 0 for place in EXCLUSION_PLACES})
     # L2 distance of this peer's parameters from the swarm's average at the last state averaging, over the average's
     # norm (None until one): how far failed or rejected gradient rounds let it drift between parameter averagings
     parameter_drift: Optional[float] = None
@@ -220,11 +225,15 @@ class Snapshot:
     compatibility: Optional[dict] = None  # what peers must agree on (swarm/compatibility.py), once the model is built
     start_values: str = ""  # "<epoch>:<hash>" of the parameters this peer started training from (initial_state.py)
     incompatible_peers: tuple = ()  # ({peer_id, public_name, difference}, ...): records left out of `peers`
+    # the peers' published rounds (swarm/round_records.py RoundsRecord fields each): the flight recorder's read
+    swarm_rounds: tuple = ()
     # a private swarm (network.allowed_peers): None in an open swarm; its two fields are top-level keys in to_dict()
     private: Optional[PrivateSwarmInfo] = None
     watchdog: Optional[WatchdogInfo] = None
     network: Optional[NetworkBytes] = None  # from the metrics extension (None: metrics off)
     tracking: Optional[TrackingInfo] = None
+    # the run's signed manifest (swarm/manifest_publisher.py; remote mode: the newest the swarm serves): None without
+    manifest: Optional[ManifestInfo] = None
     # remote mode (status/remote.py): a light DHT client watching a run
     mode: str = "local"
     initial_peers: tuple = ()

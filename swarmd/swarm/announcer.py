@@ -28,6 +28,8 @@ class PeerAnnouncer(Extension):
         self.expiration = expiration
         self.dht_timeout = dht_timeout
         self.records = None  # swarm.peer_records.PeerRecords, built with the DHT's validators
+        self.round_records = None  # swarm.round_records.RoundRecords: the flight recorder's, beside them
+        self.swarm_rounds: list[dict[str, Any]] = []  # the peers' published rounds, as the last fetch found them
         self.peers: list[dict[str, Any]] = []
         self.incompatible: list[dict[str, Any]] = []  # records left out: they disagree with this peer (compatibility)
         self._warned_incompatible: set[str] = set()
@@ -42,11 +44,15 @@ class PeerAnnouncer(Extension):
         try:
             from swarmd.swarm.peer_records import PeerRecords
 
+            from swarmd.swarm.round_records import RoundRecords
+
             self.records = PeerRecords(self.run_id, expiration=self.expiration)
+            self.round_records = RoundRecords(self.run_id, expiration=self.expiration)
         except Exception:  # noqa: BLE001 - an observer must not stop training
             logger.exception("Peer records are off: their validators could not be built")
+            self.records = self.round_records = None
             return []
-        return list(self.records.validators)
+        return [*self.records.validators, *self.round_records.validators]
 
     def ready(self, view: DaemonView) -> None:
         if self.records is not None and view.dht is not None:
@@ -56,7 +62,7 @@ class PeerAnnouncer(Extension):
         age = time.time() - self.fetched_at if self.fetched_at is not None else 0.0
         peers = tuple({**peer, "last_seen_seconds": round(peer["last_seen_seconds"] + age, 3)} for peer in self.peers)
         return {"peers": peers, "peer_records_rejected_total": self.rejected_total,
-                "incompatible_peers": tuple(self.incompatible)}
+                "incompatible_peers": tuple(self.incompatible), "swarm_rounds": tuple(self.swarm_rounds)}
 
     def stopping(self, view: DaemonView) -> None:
         self._cancel()
@@ -64,6 +70,7 @@ class PeerAnnouncer(Extension):
             try:
                 # goodbye; the DHT stops later in the shutdown, and the store is already on its way by then
                 self._goodbye = self.records.publish(view.dht, None)
+                self.round_records.publish(view.dht, None)
             except Exception as e:  # noqa: BLE001 - best effort
                 logger.debug("could not withdraw this peer's record: %r", e)
 
@@ -100,6 +107,21 @@ class PeerAnnouncer(Extension):
             logger.debug("ignored %d malformed peer record(s)", rejected)
         self.peers, self.incompatible = self._leave_out_incompatible(peers, snapshot.compatibility)
         self.fetched_at = time.time()
+        self.rejected_total += rejected
+        await self._announce_rounds(view, snapshot)
+
+    async def _announce_rounds(self, view: DaemonView, snapshot) -> None:
+        """The flight recorder's record (swarm/round_records.py): this peer's recent rounds out, everyone's in; only
+        the rounds of the peers whose records were kept above (compatible, and allowed in a private swarm)."""
+        from swarmd.swarm.round_records import parse_round_records, rounds_record_from_snapshot
+
+        record = rounds_record_from_snapshot(snapshot)
+        if record is not None:
+            await asyncio.wait_for(self.round_records.publish(view.dht, record), self.dht_timeout)
+        found = await asyncio.wait_for(self.round_records.fetch(view.dht), self.dht_timeout)
+        records, rejected = parse_round_records(found)
+        known = {peer["peer_id"] for peer in self.peers}
+        self.swarm_rounds = [record for record in records if record["peer_id"] in known]
         self.rejected_total += rejected
 
     def _leave_out_incompatible(self, peers, ours) -> tuple[list, list]:

@@ -14,7 +14,59 @@ from typing import Optional
 
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
 
-__all__ = ["AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES"]
+__all__ = ["AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES", "RoundTimeline", "timeline_phases"]
+
+MAX_GROUP_PEERS = 64  # peers a round's timeline names (a group is as large as strangers make it)
+
+
+@dataclass(frozen=True)
+class RoundTimeline:
+    """When one round's phases ran on this peer (unix times) and with whom: the flight recorder's entry.
+
+    asked_at -> grouped_at: matchmaking, and for a pre-scheduled round the wait for this peer's trigger;
+    grouped_at -> reduced_at: the all-reduce (sending, reducing its share, receiving); reduced_at -> ended_at:
+    applying the result (the optimizer step, or the outer step). A time that was not seen is None: a round that
+    failed before its group formed has no grouped_at."""
+
+    asked_at: Optional[float]
+    grouped_at: Optional[float]
+    reduced_at: Optional[float]
+    ended_at: float
+    peers: tuple = ()  # the group's peer ids (base58), this peer's among them
+
+    @classmethod
+    def of(cls, control, ended_at: Optional[float] = None) -> Optional["RoundTimeline"]:
+        """The timeline of a finished round from its StepControl (stamped by swarm/partial_rounds.py); None for
+        a round that had no control."""
+        if control is None:
+            return None
+        gathered = None
+        if control.done() and not control.cancelled() and control.exception() is None:
+            gathered = control.result()
+        peers = tuple(_peer_name(peer) for peer in list(gathered or ())[:MAX_GROUP_PEERS])
+        return cls(
+            asked_at=getattr(control, "asked_at", None),
+            grouped_at=getattr(gathered, "grouped_at", None),
+            reduced_at=getattr(gathered, "reduced_at", None),
+            ended_at=time.time() if ended_at is None else ended_at,
+            peers=peers,
+        )
+
+    def phases(self) -> dict:
+        return timeline_phases(self.asked_at, self.grouped_at, self.reduced_at, self.ended_at)
+
+
+def timeline_phases(asked_at, grouped_at, reduced_at, ended_at) -> dict:
+    """{phase: seconds} of a round's timeline, for the phases whose both ends were seen (numbers: a timeline read
+    back from JSON, or from another peer, may hold anything)."""
+    marks = [("matchmaking", asked_at, grouped_at), ("all-reduce", grouped_at, reduced_at),
+             ("applying", reduced_at, ended_at)]
+    return {name: round(max(0.0, end - start), 4) for name, start, end in marks
+            if isinstance(start, (int, float)) and isinstance(end, (int, float))}
+
+
+def _peer_name(peer) -> str:
+    return peer.to_base58() if hasattr(peer, "to_base58") else str(peer)[:64]
 
 
 @dataclass(frozen=True)
@@ -30,6 +82,7 @@ class AveragingRound:
     waited_seconds: Optional[float] = None
     # for a diloco round: how long the training waited, before it sent, for the slowest peers to catch up
     peer_wait_seconds: Optional[float] = None
+    timeline: Optional[RoundTimeline] = None  # for a round that had a group to look for
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,13 +115,13 @@ class AveragingLog:
 
     def record(
         self, kind: str, outcome: str, *, group_size: int, duration: float, epoch: int, error: str = "",
-        waited: Optional[float] = None, peer_wait: Optional[float] = None,
+        waited: Optional[float] = None, peer_wait: Optional[float] = None, timeline: Optional[RoundTimeline] = None,
     ) -> AveragingRound:
         if kind not in KINDS or outcome not in OUTCOMES:
             raise ValueError(f"unknown averaging round {kind}/{outcome}")
         item = AveragingRound(
             kind, outcome, group_size, round(duration, 4), epoch, time.time(), error[:200],
-            waited_seconds=_seconds(waited), peer_wait_seconds=_seconds(peer_wait),
+            waited_seconds=_seconds(waited), peer_wait_seconds=_seconds(peer_wait), timeline=timeline,
         )
         with self._lock:
             self._rounds.append(item)

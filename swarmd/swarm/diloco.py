@@ -45,7 +45,7 @@ from hivemind.averaging.control import StepControl
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm import averager_keys
-from swarmd.swarm.averaging_log import AveragingLog
+from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.diloco_state import DiLoCoStateAverager
 from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average, shared_optimizer_options
 from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
@@ -396,22 +396,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         # before the outer step and at this epoch: a peer that downloads the state meanwhile gets this epoch's,
         # finds the round over and downloads again, never a state from before the repair labelled as after it.
         if outcome == "success" and (group_apart or self._should_average_state(epoch + 1)):
-            if group_apart:
-                logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
-            before = self.averaging_log.last("state")
-            # a peer catching up weighs next to nothing in it (the averager's round_weight: _set_catching_up)
-            self.state_averager.step(
-                averaging_round=True,
-                delay_averaging=False,
-                wait_for_delayed_updates=True,
-                averaging_opts=dict(timeout=self.averaging_timeout),
-            )
-            after = self._next_state_round(before)
-            if after is not None and after.outcome == "success":
-                self._apart_from_swarm = False
-                self._set_catching_up(False)
-            else:  # the repair round failed: still apart, so the next successful outer step repairs again
-                logger.warning("Averaging parameters and outer momentum at outer step %d did not succeed", epoch)
+            self._average_state_with_group(epoch, group_apart)
         self._apply_outer_step(pseudo_gradient, own_parameters)
         duration = (sent.finished or time.perf_counter()) - sent.started
         if outcome == "success":
@@ -429,6 +414,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.averaging_log.record(
             "outer", outcome, group_size=group_size, duration=duration, epoch=epoch, error=why,
             waited=sent.waited if sent.overlapped and sent.control is not None else None, peer_wait=sent.peer_wait,
+            timeline=RoundTimeline.of(sent.control),
         )
         if outcome in ("local", "partial", "rejected"):
             # alone, a failed round or a rejected average: other peers stepped otherwise; the next outer step that
@@ -440,6 +426,25 @@ class DiLoCoOptimizer(SwarmOptimizer):
             self._should_check_synchronization_on_update = True
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
+
+    def _average_state_with_group(self, epoch: int, group_apart: str) -> None:
+        """A state round with this outer step's group (a scheduled one, or a repair when `group_apart` says why)."""
+        if group_apart:
+            logger.info("Averaging parameters and outer momentum at outer step %d: %s", epoch, group_apart)
+        before = self.averaging_log.last("state")
+        # a peer catching up weighs next to nothing in it (the averager's round_weight: _set_catching_up)
+        self.state_averager.step(
+            averaging_round=True,
+            delay_averaging=False,
+            wait_for_delayed_updates=True,
+            averaging_opts=dict(timeout=self.averaging_timeout),
+        )
+        after = self._next_state_round(before)
+        if after is not None and after.outcome == "success":
+            self._apart_from_swarm = False
+            self._set_catching_up(False)
+        else:  # the repair round failed: still apart, so the next successful outer step repairs again
+            logger.warning("Averaging parameters and outer momentum at outer step %d did not succeed", epoch)
 
     def _wait_for_stragglers(self, epoch: int) -> float:
         """Wait until the slowest peer of this round is within matchmaking_time of its last inner step (it then

@@ -36,7 +36,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averager_gate import AdmitsAllowedPeers
-from swarmd.swarm.averaging_log import AveragingLog
+from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.compression import make_compression
 from swarmd.swarm.parameter_refresh import ServesParameters
 from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
@@ -96,20 +96,22 @@ class _RecordsRounds(AdmitsAllowedPeers):
         self.resync_requested = False  # a state round ran: the request is served, whatever its outcome
         error = control.exception()
         missing = missing_share(control.result()) if error is None else 0.0
+        timeline = RoundTimeline.of(control)
         if error is not None:
             self._averaging_log.record(
-                "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error)
+                "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error), timeline=timeline
             )
         elif missing:
             logger.warning("Averaging parameters returned %.1f%% of the average; averaging them again at the next "
                            "epoch's end", 100 * (1 - missing))
             self.resync_requested = True
             self._averaging_log.record("state", "partial", group_size=1, duration=duration, epoch=epoch,
-                                       error=what_did_not_arrive(missing))
+                                       error=what_did_not_arrive(missing), timeline=timeline)
         else:
             group_size = len(control.result())
             self.rounds_with_others += group_size >= 2
-            self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch)
+            self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch,
+                                       timeline=timeline)
 
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
@@ -472,7 +474,9 @@ class SwarmOptimizer(Optimizer):
             group_info = maybe_step_control.result(self.averaging_timeout)
             missing = missing_share(group_info)
             if missing:
-                self._use_own_gradients_after_partial_round(missing, time.perf_counter() - started)
+                self._use_own_gradients_after_partial_round(
+                    missing, time.perf_counter() - started, RoundTimeline.of(maybe_step_control)
+                )
                 return
             implausible = self._implausible_average()
             if implausible:
@@ -482,7 +486,7 @@ class SwarmOptimizer(Optimizer):
             logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
             self.averaging_log.record(
                 "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
-                epoch=self.local_epoch, error=repr(e),
+                epoch=self.local_epoch, error=repr(e), timeline=RoundTimeline.of(maybe_step_control),
             )
             self._step_on_own_contribution()
             return
@@ -491,9 +495,12 @@ class SwarmOptimizer(Optimizer):
         self.averaging_log.record(
             "gradients", "rejected" if implausible else "success", group_size=len(group_info),
             duration=time.perf_counter() - started, epoch=self.local_epoch, error=implausible,
+            timeline=RoundTimeline.of(maybe_step_control),
         )
 
-    def _use_own_gradients_after_partial_round(self, missing: float, duration: float) -> None:
+    def _use_own_gradients_after_partial_round(
+        self, missing: float, duration: float, timeline: Optional[RoundTimeline] = None
+    ) -> None:
         """Part of the average did not arrive: the buffers hold the average where it came and this peer's own
         gradient elsewhere, a mix no other peer has. Step on the own gradient, as after a failed round, and have
         the group average its state at this epoch's end (resync_requested), so that its members hold one model
@@ -504,7 +511,7 @@ class SwarmOptimizer(Optimizer):
         )
         self.averaging_log.record(
             "gradients", "partial", group_size=1, duration=duration, epoch=self.local_epoch,
-            error=what_did_not_arrive(missing),
+            error=what_did_not_arrive(missing), timeline=timeline,
         )
         self.state_averager.resync_requested = True
         self._step_on_own_contribution()

@@ -1,6 +1,6 @@
 """Signed per-peer records in the DHT: who is in the swarm and what each peer is doing.
 
-Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v3"`, subkey =
+Every training (or auxiliary) peer stores one record under the run's key `"{run_id}_swarmd_peers_v4"`, subkey =
 its owner marker `[owner:<RSA public key>]`. Two hivemind validators guard the key on every node that stores or
 reads it:
 - `RSASignatureValidator`: a record whose subkey names a public key must be signed with the matching private key,
@@ -33,6 +33,7 @@ from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, confloat,
 
 from swarmd import __version__
 from swarmd.swarm.outcomes import FAILED_OUTCOMES
+from swarmd.swarm.reachability_states import REACHABILITY_MODES, REACHABILITY_STATES
 
 __all__ = [
     "RECORD_FIELD",
@@ -45,14 +46,14 @@ __all__ = [
     "common_target_batch_size",
 ]
 
-RECORD_FIELD = "swarmd_peers_v3"  # v2: the compatibility fields; v3: start_values
-_PEER_ID = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
+RECORD_FIELD = "swarmd_peers_v4"  # v2: the compatibility fields; v3: start_values; v4: reachable, reachability
+PEER_ID_PATTERN = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
 
 
 class PeerRecord(BaseModel):
     """What one peer says about itself. Strict types: hivemind's SchemaValidator refuses any conversion."""
 
-    peer_id: constr(strict=True, regex=_PEER_ID)
+    peer_id: constr(strict=True, regex=PEER_ID_PATTERN)
     public_name: constr(strict=True, min_length=1, max_length=64)
     swarmd_version: constr(strict=True, max_length=32)
     task: constr(strict=True, max_length=64)
@@ -76,6 +77,9 @@ class PeerRecord(BaseModel):
     inner_steps: conint(strict=True, ge=0)
     # "<epoch>:<hash>" of the parameter values this peer started training from (swarm/initial_state.py); "" before
     start_values: constr(strict=True, max_length=64)
+    # can other peers dial it, and how they reach it (swarm/reachability.py; status/snapshot.py REACHABILITY_*)
+    reachable: constr(strict=True, regex="^(" + "|".join(REACHABILITY_STATES) + ")$")
+    reachability: constr(strict=True, regex="^(" + "|".join(REACHABILITY_MODES) + ")$")
     time: confloat(strict=True, allow_inf_nan=False)  # DHT time of publication
 
     class Config:
@@ -83,7 +87,7 @@ class PeerRecord(BaseModel):
 
 
 class PeerRecordsSchema(BaseModel):
-    swarmd_peers_v3: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
+    swarmd_peers_v4: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
 
 
 class PeerRecords:
@@ -149,6 +153,8 @@ def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any
         "strategy": str(compatibility.get("strategy", "")),
         "inner_steps": int(compatibility.get("inner_steps", 0)),
         "start_values": _clip(str(s.start_values or ""), 64),
+        "reachable": s.reachable if s.reachable in REACHABILITY_STATES else "unknown",
+        "reachability": s.reachability if s.reachability in REACHABILITY_MODES else "unknown",
         "time": float(get_dht_time() if now is None else now),
     }
     PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT

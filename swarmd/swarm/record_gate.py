@@ -25,13 +25,14 @@ from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_keys import ALL_SUFFIXES, peer_keyed_names
 from swarmd.swarm.identity import peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
+from swarmd.swarm.round_records import ROUNDS_FIELD
 
 __all__ = ["AllowListValidator", "guarded_keys"]
 
 
 def guarded_keys(run_id: str) -> tuple[dict[bytes, str], dict[bytes, str]]:
     """(keys whose subkeys are owner markers, keys whose subkeys are peer ids), as hashed key -> name."""
-    owners = [f"{run_id}_progress", f"{run_id}_{RECORD_FIELD}"]
+    owners = [f"{run_id}_progress", f"{run_id}_{RECORD_FIELD}", f"{run_id}_{ROUNDS_FIELD}"]
     peers = [name for suffix in ALL_SUFFIXES for name in peer_keyed_names(run_id, suffix)]
     hashed = lambda names: {DHTID.generate(source=name).to_bytes(): name for name in names}  # noqa: E731
     return hashed(owners), hashed(peers)

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Optional
 
 from swarmd import __version__
 from swarmd.web.views import (
-    CHARTS, MONITOR_CHARTS, monitor_items, page_title, peer_rows, round_rows, run_items, seen_round_rows,
+    CHARTS, MONITOR_CHARTS, monitor_items, page_title, peer_rows, round_rows, round_timeline, run_items,
+    seen_round_rows,
 )
 
 __all__ = ["render_peer_page", "render_monitor_page", "TEMPLATES"]
@@ -47,6 +48,7 @@ def render_peer_page(snapshot: Mapping[str, Any], *, now: Optional[float] = None
         charts=CHARTS,
         peers=peer_rows(snapshot),
         rounds=round_rows(snapshot, now=now),
+        timeline=round_timeline(snapshot),
         version=__version__,
     )
 
@@ -66,5 +68,6 @@ def render_monitor_page(status: Mapping[str, Any], *, now: Optional[float] = Non
         charts=MONITOR_CHARTS,
         peers=peer_rows(status),
         rounds=seen_round_rows(status, now=now),
+        timeline=round_timeline(status),
         version=__version__,
     )

@@ -15,7 +15,8 @@ from swarmd.swarm.outcomes import FAILED_OUTCOMES
 
 __all__ = [
     "Item", "PeerRow", "RoundRow", "Chart", "run_items", "peer_rows", "round_rows", "CHARTS", "page_title",
-    "MONITOR_CHARTS", "monitor_items", "seen_round_rows",
+    "MONITOR_CHARTS", "monitor_items", "seen_round_rows", "round_timeline", "RoundTimelineView", "Lane",
+    "LaneSegment",
 ]
 
 
@@ -107,6 +108,8 @@ def run_items(s: Mapping[str, Any]) -> list[Item]:
         Item("loss", _loss(s.get("loss"))),
         Item("uptime", format_duration(s.get("uptime_seconds")), note=f"swarmd {s.get('swarmd_version') or ''}"),
     ]
+    if s.get("manifest"):
+        items.append(_manifest_item(s["manifest"]))
     if s.get("last_error"):
         items.append(Item("last error", str(s["last_error"])))
     return items
@@ -146,8 +149,10 @@ def monitor_items(s: Mapping[str, Any]) -> list[Item]:
     task and strategy the peers' records agree on and the swarm's totals (monitor/totals.py) of the last read."""
     compatibility = s.get("compatibility") or {}
     totals = s.get("totals") or {}
+    manifest = [_manifest_item(s["manifest"])] if s.get("manifest") else []
     return [
         Item("run", str(s.get("run_id") or "")),
+        *manifest,
         Item("task", str(s.get("task") or "—"), note=_model_note(compatibility)),
         Item("strategy", str(compatibility.get("strategy") or "—"),
              note=f"H = {compatibility['inner_steps']}" if compatibility.get("inner_steps") else ""),
@@ -163,6 +168,14 @@ def monitor_items(s: Mapping[str, Any]) -> list[Item]:
              note="the peers' reports since the monitor started"),
         Item("watching", format_duration(s.get("uptime_seconds")), note=f"swarmd {s.get('swarmd_version') or ''}"),
     ]
+
+
+def _manifest_item(m: Mapping[str, Any]) -> Item:
+    """The run's signed manifest: its version and the run key's fingerprint (and a restart the peer waits for)."""
+    note = f"run key {str(m.get('key_fingerprint') or '')[:16]}"
+    if m.get("restart_needed"):
+        note += f" · restart needed for {', '.join(m['restart_needed'])}"
+    return Item("manifest", f"v{m.get('version')}", note=note)
 
 
 def seen_round_rows(s: Mapping[str, Any], *, now: Optional[float] = None) -> list[RoundRow]:
@@ -268,3 +281,89 @@ def _rate(value) -> str:
 
 def _loss(value) -> str:
     return "—" if value is None else f"{float(value):.4g}"
+
+
+# --- the flight recorder: one round across the peers that published it (swarm/round_records.py) -------------------
+
+PHASES = (("matchmaking", "asked_at", "grouped_at"), ("all-reduce", "grouped_at", "reduced_at"),
+          ("applying", "reduced_at", "ended_at"))
+
+
+@dataclass(frozen=True)
+class LaneSegment:
+    phase: str  # matchmaking, all-reduce, applying
+    left: float  # % of the round's span from its left edge
+    width: float  # % of the span
+    seconds: str
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    short_id: str
+    outcome: str
+    failed: bool
+    segments: tuple  # LaneSegment, ...
+    took: str  # "1.84 s" from its ask to its apply
+
+
+@dataclass(frozen=True)
+class RoundTimelineView:
+    title: str  # "gradients round of epoch 12"
+    note: str  # the span, and how many peers' clocks it rests on
+    lanes: tuple  # Lane, one per peer that published the round
+    unpublished: tuple  # names of group members that published no record of it (yet)
+
+
+def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
+    """The newest round that most peers published (kind and epoch alike), as lanes per peer on one time axis; None
+    before any peer published one. Values are strangers' words, already bounded by the records' schema."""
+    names = {p.get("peer_id"): str(p.get("public_name") or short_id(p.get("peer_id")))
+             for p in s.get("peers") or () if isinstance(p, Mapping)}
+    rounds: dict[tuple, list] = {}
+    for record in s.get("swarm_rounds") or ():
+        if not isinstance(record, Mapping):
+            continue
+        for item in record.get("rounds") or ():
+            if isinstance(item, Mapping) and _number(item.get("ended_at")) is not None:
+                rounds.setdefault((item.get("kind"), item.get("epoch")), []).append((record.get("peer_id"), item))
+    if not rounds:
+        return None
+    # the newest round that two or more peers published (a newer one only one peer has published so far would
+    # show a single lane: the others publish every few seconds); the newest of all when there is no such round
+    (kind, epoch), entries = max(rounds.items(), key=lambda kv: (
+        len(kv[1]) >= 2, max(_number(item["ended_at"]) for _, item in kv[1])))
+    starts = [_number(item.get(mark)) for _, item in entries for mark in ("asked_at", "grouped_at", "ended_at")]
+    begin = min(t for t in starts if t is not None)
+    end = max(_number(item["ended_at"]) for _, item in entries)
+    span = max(end - begin, 1e-6)
+    def first_mark(entry) -> float:  # lanes in the order the peers asked: a late one is at the bottom
+        item = entry[1]
+        return next(t for t in (_number(item.get(m)) for m in ("asked_at", "grouped_at", "ended_at")) if t is not None)
+
+    lanes = []
+    for peer_id, item in sorted(entries, key=first_mark):
+        segments = []
+        for phase, start_mark, end_mark in PHASES:
+            start, stop = _number(item.get(start_mark)), _number(item.get(end_mark))
+            if start is None or stop is None or stop < start:
+                continue
+            segments.append(LaneSegment(phase, round(100 * (start - begin) / span, 2),
+                                        round(max(0.5, 100 * (stop - start) / span), 2), f"{stop - start:.2f} s"))
+        first = first_mark((peer_id, item))
+        outcome = str(item.get("outcome") or "")
+        lanes.append(Lane(names.get(peer_id, short_id(peer_id)), short_id(peer_id), outcome,
+                          outcome in FAILED_OUTCOMES, tuple(segments), f"{_number(item['ended_at']) - first:.2f} s"))
+    published = {peer_id for peer_id, _ in entries}
+    members = {peer for _, item in entries for peer in item.get("peers") or () if isinstance(peer, str)}
+    unpublished = tuple(sorted(names.get(peer, short_id(peer)) for peer in members - published))
+    return RoundTimelineView(
+        title=f"{kind} round of epoch {epoch}",
+        note=f"{span:.2f} s from the first ask to the last apply, on {len(lanes)} peer clock(s)",
+        lanes=tuple(lanes),
+        unpublished=unpublished,
+    )
+
+
+def _number(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -422,7 +422,7 @@ def test_a_round_that_returned_part_of_the_average_is_partial_not_a_success(dht,
     from concurrent.futures import Future
 
     from swarmd.swarm.outer_round import SentRound
-    from swarmd.swarm.partial_rounds import PartialGathered
+    from swarmd.swarm.partial_rounds import GatheredRound
 
     _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
     try:
@@ -430,7 +430,7 @@ def test_a_round_that_returned_part_of_the_average_is_partial_not_a_success(dht,
 
         def partial_round(**kwargs):
             control = Future()
-            control.set_result(PartialGathered({"another-peer": [0, False, []]}, 0.25))
+            control.set_result(GatheredRound({"another-peer": [0, False, []]}, 0.25))
             return control
 
         optimizer.outer_averager.step = partial_round

@@ -1,7 +1,8 @@
 """The monitor's page of a real swarm in a real browser: two toy peers, one named `<script>alert(1)</script>`, and
 `swarmd monitor` serving its page; headless Chromium (Debian's `chromium`, tests/browser.py) loads it and the test
 reads the DOM it left: both peers listed (the stranger's name as text), the swarm's throughput above 0, the curves
-drawn, and the tables complete with JavaScript off. The screenshot goes under the test's tmp_path.
+drawn, one round of both peers drawn as two lanes (the flight recorder), and the tables complete with JavaScript
+off. The screenshot goes under the test's tmp_path.
 
 Skips without Chromium, fails instead under SWARMD_REQUIRE_TOOLS=1 (as .ci/run runs). Every wait is bounded; the
 peers (the `daemons` fixture) and the monitor (its own session, killed) are gone when the test ends.
@@ -9,6 +10,7 @@ peers (the `daemons` fixture) and the monitor (its own session, killed) are gone
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from browser import chromium, chromium_binary, dom_without_javascript  # tests/b
 from daemons import REPO, peer_config
 from html_page import Page  # tests/html_page.py
 from samples import HOSTILE_NAME
+from swarmd.web.views import round_timeline
 
 TASK = {"name": "toy-regression", "frozen_epochs": 10**6, "frozen_step_seconds": 0.2}
 
@@ -52,9 +55,11 @@ def test_a_browser_shows_the_monitors_page_of_a_real_swarm(daemons, test_tasks_e
             status = api_status(address)
             rates = status["throughput_over_time"]["series"][0]["points"]
             peers = status["peers"]
-            return len(peers) == 2 and all(p["samples_per_second"] > 0 for p in peers) and len(rates) >= 2
+            timeline = round_timeline(status)  # the flight recorder: one round that both peers published
+            return (len(peers) == 2 and all(p["samples_per_second"] > 0 for p in peers) and len(rates) >= 2
+                    and timeline is not None and len(timeline.lanes) == 2)
 
-        first.wait_for(two_training_peers, 120, "the monitor's page to show 2 training peers")
+        first.wait_for(two_training_peers, 120, "the monitor's page to show 2 training peers and a round of both")
         url = f"http://{address}/"
         dom = chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", url)
         page = Page(dom)
@@ -64,6 +69,7 @@ def test_a_browser_shows_the_monitors_page_of_a_real_swarm(daemons, test_tasks_e
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and all(s.get("src") for s in page.scripts)
         assert float(page.items["throughput"].split()[0]) > 0
         assert all(float(row[4]) > 0 for row in page.tables["peers"])
+        assert len(re.findall(r'class="lane( failed)?"', dom)) == 2, dom  # the round's lanes, one per peer
 
         without = Page(dom_without_javascript(tmp_path / "profile", url))
         assert without.html_class == "" and len(without.tables["peers"]) == 2

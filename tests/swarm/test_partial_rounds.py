@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import SwarmdConfig
-from swarmd.swarm.partial_rounds import PartialGathered
+from swarmd.swarm.partial_rounds import GatheredRound
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -76,7 +76,7 @@ def test_a_partial_gradient_round_uses_the_own_gradient_and_resyncs_the_group(dh
         own = _one_step_then_a_round_starts(model, optimizer)
         assert optimizer.average_state_every == 50
         control = Future()
-        control.set_result(PartialGathered({"me": None, "another-peer": None}, 0.25))
+        control.set_result(GatheredRound({"me": None, "another-peer": None}, 0.25))
         optimizer._average_gradients_and_load_into_optimizer(control)
 
         last = optimizer.averaging_log.last("gradients")
@@ -98,7 +98,7 @@ def test_a_partial_gradient_round_uses_the_own_gradient_and_resyncs_the_group(dh
 def test_a_partial_state_round_is_partial_and_asks_for_another(dht, tmp_path):
     _, optimizer = _optimizer(dht, tmp_path, "partial-state")
     try:
-        partial = _state_round(PartialGathered({"me": 1, "another-peer": 1}, 0.5))
+        partial = _state_round(GatheredRound({"me": 1, "another-peer": 1}, 0.5))
         optimizer.state_averager._record_state_round(partial, created=time.time())
         last = optimizer.averaging_log.last("state")
         assert (last.outcome, last.error) == ("partial", "50.0% of the average did not arrive")

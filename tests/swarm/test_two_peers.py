@@ -25,8 +25,13 @@ def test_two_peers_average_stop_and_resume(daemons, shared_data):
     for peer in (first, second):
         status = peer.wait_status(trained_together, timeout=240, what="epoch >= 3 with two peers averaging")
         assert status["state"] == "training"
-        groups = [r["group_size"] for r in status["recent_averaging"] if r["kind"] == "gradients" and r["outcome"] == "success"]
-        assert groups and max(groups) == 2, status["recent_averaging"]
+        together = [r for r in status["recent_averaging"] if r["kind"] == "gradients" and r["outcome"] == "success"]
+        assert together and max(r["group_size"] for r in together) == 2, status["recent_averaging"]
+        # the flight recorder's entry: when it asked, when the group's all-reduce began and ended, with whom
+        timeline = next(r["timeline"] for r in reversed(together) if r["group_size"] == 2)
+        marks = [timeline[mark] for mark in ("asked_at", "grouped_at", "reduced_at", "ended_at")]
+        assert all(marks) and marks == sorted(marks), timeline
+        assert status["peer_id"] in timeline["peers"] and len(set(timeline["peers"])) == 2, timeline
         assert status["loss"] is not None
         for key in ("run_id", "peer_id", "local_epoch", "samples_accumulated", "target_batch_size", "eta_seconds", "samples_per_second"):
             assert key in status

@@ -1,17 +1,18 @@
 """An averager's round that returned only part of the average says so (swarm/partial_rounds.py): the share that did
-not arrive rides on the gathered data across the pipe to the host, and a whole round stays a plain dict."""
+not arrive rides on the gathered data across the pipe to the host, with the times the all-reduce began and ended."""
 
 import asyncio
 import pickle
+import time
 import types
 
 from hivemind.averaging import DecentralizedAverager
 
-from swarmd.swarm.partial_rounds import PartialGathered, ReportsPartialRounds, missing_share
+from swarmd.swarm.partial_rounds import GatheredRound, ReportsPartialRounds, missing_share
 
 
 def test_the_missing_share_crosses_a_pipe_and_reads_as_the_gathered_dict():
-    gathered = pickle.loads(pickle.dumps(PartialGathered({"peer-a": [1, False], "peer-b": [1, False]}, 0.25)))
+    gathered = pickle.loads(pickle.dumps(GatheredRound({"peer-a": [1, False], "peer-b": [1, False]}, 0.25)))
     assert missing_share(gathered) == 0.25
     assert dict(gathered) == {"peer-a": [1, False], "peer-b": [1, False]} and len(gathered) == 2
     assert missing_share({"peer-a": 1}) == 0.0
@@ -40,10 +41,15 @@ def _round(monkeypatch, failed_size: int, total_size: int):
 
 def test_a_round_with_a_failed_part_reports_its_share(monkeypatch):
     gathered = _round(monkeypatch, failed_size=30, total_size=120)
-    assert isinstance(gathered, PartialGathered) and missing_share(gathered) == 0.25
+    assert isinstance(gathered, GatheredRound) and missing_share(gathered) == 0.25
     assert dict(gathered) == {"peer-a": 1, "peer-b": 1}
 
 
-def test_a_whole_round_is_upstreams_plain_result(monkeypatch):
+def test_a_whole_round_reads_as_upstreams_dict_and_carries_its_all_reduce_times(monkeypatch):
+    before = time.time()
     gathered = _round(monkeypatch, failed_size=0, total_size=120)
-    assert type(gathered) is dict and missing_share(gathered) == 0.0
+    assert isinstance(gathered, GatheredRound) and missing_share(gathered) == 0.0
+    assert dict(gathered) == {"peer-a": 1, "peer-b": 1}
+    assert before <= gathered.grouped_at <= gathered.reduced_at <= time.time()
+    again = pickle.loads(pickle.dumps(gathered))  # to the host's process
+    assert (again.grouped_at, again.reduced_at) == (gathered.grouped_at, gathered.reduced_at)

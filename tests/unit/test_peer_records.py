@@ -59,8 +59,10 @@ class SignsAnything(RSASignatureValidator):
 
 def test_a_peer_record_from_its_snapshot_is_accepted_when_signed_by_its_owner():
     node = Node()
-    record = record_from_snapshot(snapshot())
+    record = record_from_snapshot(snapshot(reachable="no", reachability="client"))
     assert record["averaging_success"] == 7 and record["averaging_failed"] == 1
+    assert (record["reachable"], record["reachability"]) == ("no", "client")
+    assert record_from_snapshot(snapshot(reachability="sideways"))["reachability"] == "unknown"
     assert record["samples_per_second"] == 80.0 and isinstance(record["samples_per_second"], float)
     assert record["target_batch_size"] == 256 and record["state"] == "training"
     assert record["start_values"] == "0:" + "c" * 40
@@ -85,6 +87,7 @@ def test_nobody_can_write_under_another_peers_key():
         {"local_epoch": "5"}, {"local_epoch": 5.0}, {"local_epoch": -1}, {"samples_per_second": 80},
         {"loss": float("nan")}, {"peer_id": "not a peer id!"}, {"public_name": ""}, {"public_name": "x" * 65},
         {"client_mode": 1}, {"target_batch_size": 0}, {"unknown_field": 1}, {"start_values": "0:" + "f" * 63},
+        {"reachable": "<b>yes</b>"}, {"reachability": "teleport"},
     ],
 )
 def test_malformed_records_are_refused(change):

@@ -1,6 +1,7 @@
 """The status socket's JSON (`Snapshot.to_dict()`, API_VERSION 1) keeps its keys and their shapes while the snapshot
 is built from typed parts (worker/stats.py WorkerReport and WorkerReadings, ranks/local.py RanksReport,
-swarm/averaging_log.py AveragingSummary, swarm/private.py PrivateSwarmInfo, the extensions' fields).
+swarm/averaging_log.py AveragingSummary, swarm/private.py PrivateSwarmInfo, swarm/manifest_update.py ManifestInfo,
+swarm/exclusion.py's excluded peers, the extensions' fields).
 
 EXPECTED is what `to_dict()` gave for the same inputs before the parts were typed (flat fields and bare dicts). A
 key renamed or removed, or a value of another shape, breaks `swarmd status --json` readers: bump API_VERSION and
@@ -15,15 +16,20 @@ from swarmd.ranks.rank_stats import RankReport
 from swarmd.status.snapshot import (
     API_VERSION, CheckpointInfo, Identity, NetworkBytes, SwarmProgress, TrackingInfo, WatchdogInfo, build_snapshot,
 )
-from swarmd.swarm.averaging_log import AveragingRound, AveragingSummary
+from swarmd.swarm.averaging_log import AveragingRound, AveragingSummary, RoundTimeline
+from swarmd.swarm.exclusion import ExclusionPolicy, Exclusions
+from swarmd.swarm.manifest_update import ManifestInfo
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
 from swarmd.swarm.private import PrivateSwarm
 from swarmd.worker.stats import CudaMemory, WorkerReadings, WorkerReport
 
 GRADIENTS_ROUND = {"kind": "gradients", "outcome": "success", "group_size": 3, "duration_seconds": 0.4, "epoch": 6,
-                   "time": 1700000100.0, "error": "", "waited_seconds": None, "peer_wait_seconds": None}
+                   "time": 1700000100.0, "error": "", "waited_seconds": None, "peer_wait_seconds": None,
+                   "timeline": {"asked_at": 1700000098.5, "grouped_at": 1700000099.5, "reduced_at": 1700000099.75,
+                                "ended_at": 1700000100.0, "peers": ("QmPeer", "QmOther0", "QmOther1")}}
 OUTER_ROUND = {"kind": "outer", "outcome": "partial", "group_size": 2, "duration_seconds": 11.0, "epoch": 7,
-               "time": 1700000200.0, "error": "part lost", "waited_seconds": 0.5, "peer_wait_seconds": 1.5}
+               "time": 1700000200.0, "error": "part lost", "waited_seconds": 0.5, "peer_wait_seconds": 1.5,
+               "timeline": None}
 EXPECTED_FULL = {
     "run_id": "pin-run",
     "public_name": "alpha",
@@ -47,6 +53,12 @@ EXPECTED_FULL = {
     "target_batch_size": 128,
     "eta_seconds": 1.5,
     "state_loads_total": 2,
+    "excluded_peers": (
+        {"peer_id": "QmLiar", "reason": "clipped", "since": 1700000300.0, "until": 1700000360.0, "clipped_rounds": 3,
+         "rounds_seen": 3, "capped_claims": 0, "exclusions": 1},
+    ),
+    "exclusions_total": {"clipped": 1, "claims": 0},
+    "exclusion_refusals": {"join_group": 2, "aggregate_part": 0, "leader": 1, "state_source": 1},
     "parameter_drift": 0.01,
     "samples_per_second": 95.123,
     "samples_total": 3200,
@@ -108,6 +120,8 @@ EXPECTED_FULL = {
     },
     "network": {"sent_bytes": 100, "received_bytes": 200},
     "tracking": {"backends": ("tensorboard",), "failed": (), "failures_total": 0, "dropped_total": 0},
+    "manifest": {"version": 3, "key_fingerprint": "ab" * 32, "started_version": 2,
+                 "restart_needed": ("swarm.target_batch_size",), "pending_version": None, "ignored_total": 1},
     "mode": "local",
     "initial_peers": (),
     "observer_peer_id": None,
@@ -136,6 +150,9 @@ EXPECTED_STARTING = {
     "target_batch_size": 256,
     "eta_seconds": None,
     "state_loads_total": 0,
+    "excluded_peers": (),
+    "exclusions_total": {"clipped": 0, "claims": 0},
+    "exclusion_refusals": {"join_group": 0, "aggregate_part": 0, "leader": 0, "state_source": 0},
     "parameter_drift": None,
     "samples_per_second": 0.0,
     "samples_total": 0,
@@ -181,6 +198,7 @@ EXPECTED_STARTING = {
     "watchdog": None,
     "network": None,
     "tracking": None,
+    "manifest": None,
     "mode": "local",
     "initial_peers": (),
     "observer_peer_id": None,
@@ -203,6 +221,17 @@ def private_swarm(allowed: int, refusals: dict) -> PrivateSwarm:
     return extension
 
 
+def exclusions_with_one_liar() -> Exclusions:
+    """The extension as it is once started, having excluded one peer after three clipped rounds."""
+    extension = Exclusions(ExclusionPolicy(), clock=lambda: 1_700_000_310.0)
+    extension.list = types.SimpleNamespace(
+        refusals=lambda: {"join_group": 2, "aggregate_part": 0, "leader": 1, "state_source": 1}
+    )
+    for offset in (298.0, 299.0, 300.0):
+        extension.table.observe_round("QmLiar", True, 1_700_000_000.0 + offset)
+    return extension
+
+
 def full_snapshot():
     """A training peer of two ranks in a private swarm with every extension on: every field set."""
     worker = WorkerReport(
@@ -213,7 +242,8 @@ def full_snapshot():
         readings=WorkerReadings(epoch=7, learning_rates=(0.1, 0.01), loss_scale=65536.0, grad_norm=3.5,
                                 cuda_memory=(CudaMemory("cuda:0", allocated_bytes=10, reserved_bytes=20),)),
     )
-    gradients = AveragingRound("gradients", "success", 3, 0.4, 6, 1_700_000_100.0)
+    gradients = AveragingRound("gradients", "success", 3, 0.4, 6, 1_700_000_100.0, timeline=RoundTimeline(
+        1_700_000_098.5, 1_700_000_099.5, 1_700_000_099.75, 1_700_000_100.0, ("QmPeer", "QmOther0", "QmOther1")))
     outer = AveragingRound("outer", "partial", 2, 11.0, 7, 1_700_000_200.0, error="part lost", waited_seconds=0.5,
                            peer_wait_seconds=1.5)
     counts = {(kind, outcome): 0 for kind in KINDS for outcome in OUTCOMES}
@@ -245,6 +275,8 @@ def full_snapshot():
         private_swarm(2, {"dht_records": 1, "join_group": 0}).snapshot_fields(),
         {"watchdog": WatchdogInfo(120.0, "computing", 1.0, 60.0, True)},
         {"tracking": TrackingInfo(("tensorboard",), (), 0, 0)},
+        exclusions_with_one_liar().snapshot_fields(),
+        {"manifest": ManifestInfo(3, "ab" * 32, 2, restart_needed=("swarm.target_batch_size",), ignored_total=1)},
     ):
         snapshot = snapshot.with_fields(fields)
     return snapshot
