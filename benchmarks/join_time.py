@@ -12,12 +12,19 @@ third of the bytes (`swarm.refresh_parameters`, the sync default), and downloadi
 (hivemind's way); and the sync default once more with the downloads by hivemind's RPC (`swarm.state_stream: false`)
 instead of swarmd's state stream.
 
+Cold and warm starts are reported apart (issue 37: the first join of a run was the slowest). A warm start finds
+torch, hivemind and the task in the page cache; with `--cold` every repetition also starts one joiner right after
+`echo 3 > /proc/sys/vm/drop_caches` (root only; the insiders, already running, read back what they need). Each join
+records the machine's load (the 1-minute `os.getloadavg()`, sampled every second while it joins), and a second table
+lists every join with its load, so that a busy machine cannot pass for a slow join, nor a quiet one for a fast
+join. The last line quotes the medians of this run with its command.
+
 Layouts: `shared` runs all three peers on all the machine's cores, so the joiner's start-up competes with two
 trainers for the cores (2 cores here: three trainers on two). `own-core` pins the two insiders to the first core
 and the joiner to the last, as when the joiner has a machine of its own; the insiders then train at about half the
 rate, so `--own-core-target-batch-size` (default half of the shared one) keeps their epochs about as long.
 
-    python benchmarks/join_time.py [--repeats 3] [--hidden 4900] [--modes "parameters again"] \
+    python benchmarks/join_time.py [--repeats 5] [--cold] [--hidden 4900] [--modes "parameters again"] \
         [--layouts shared own-core]
 """
 
@@ -27,8 +34,11 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +59,8 @@ MODES = {
 
 
 LAYOUTS = ("shared", "own-core")
+STARTS = ("cold", "warm")  # a cold join starts right after the page cache is dropped; a warm one after any other
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 def config(hidden: int, features: int, mode: dict, target_batch_size: int = 256) -> dict:
@@ -96,6 +108,61 @@ HOLDS_THE_SWARMS_PARAMETERS = re.compile(r"Took the swarm's parameters by averag
 JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")
 
 
+def drop_page_cache(path: str = DROP_CACHES) -> None:
+    """Empty the page cache (root only): the next process reads torch, hivemind and the task from the disk."""
+    os.sync()
+    with open(path, "w") as f:
+        f.write("3\n")
+
+
+def cannot_drop_page_cache(path: str = DROP_CACHES) -> str:
+    """Why --cold cannot work here ("" when it can): tried once, as the cold joins will."""
+    try:
+        drop_page_cache(path)
+    except OSError as e:
+        return f"--cold drops the page cache ({path}), which this machine does not permit: {e.strerror or e}"
+    return ""
+
+
+class LoadSampler:
+    """The 1-minute load average, sampled every `interval` seconds from `start()` to `stop()`, which returns their
+    mean (at least one sample, taken at the start)."""
+
+    def __init__(self, interval: float = 1.0, read=lambda: os.getloadavg()[0]):
+        self.interval, self.read = interval, read
+        self.samples: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "LoadSampler":
+        self.samples.append(self.read())
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return statistics.mean(self.samples)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.samples.append(self.read())
+
+
+# the joiner's one-line phase summary (daemon/join_phases.py): "Joined in 12.3 s: imports 4.1 s, DHT 1.6 s, ..."
+JOINED_IN = re.compile(r"Joined in ([\d.]+) s: (.*?)(?: \(phases overlap\))?$", re.M)
+PHASE = re.compile(r"([\w-]+) ([\d.]+) s")
+
+
+def joined_in(log: str) -> dict:
+    """The joiner's own phase summary as {"phase:<name>": seconds, "joined_in": total}; {} from a swarmd without it."""
+    match = JOINED_IN.search(log)
+    if match is None:
+        return {}
+    found = {f"phase:{name}": float(seconds) for name, seconds in PHASE.findall(match.group(2))}
+    return {"joined_in": float(match.group(1)), **found}
+
+
 def insiders_loss(status: dict, first: int, last: int) -> tuple[float, float]:
     """An insider's mean loss over the 3 epochs before `first`, and its worst epoch from `first` to `last`: a joiner
     whose gradients (taken at older parameters) went into the average would show as a jump."""
@@ -105,9 +172,10 @@ def insiders_loss(status: dict, first: int, last: int) -> tuple[float, float]:
     return statistics.mean(before), max(during)
 
 
-def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str = "shared") -> dict:
+def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str = "shared", start_kind: str = "warm"
+              ) -> dict:
     """One join of a third peer; `layout` is "shared" (all peers on all cores) or "own-core" (the insiders on the
-    first core, the joiner alone on the last)."""
+    first core, the joiner alone on the last); `start_kind` "cold": the page cache dropped right before it starts."""
     cores = sorted(os.sched_getaffinity(0))
     own_core = layout == "own-core"
     cfg = config(args.hidden, args.features, mode,
@@ -126,6 +194,9 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
         a.wait_status(lambda s: s["num_peers"] == 2 and s["local_epoch"] >= 3, 300, "two peers training")
         c = DaemonProcess(root / f"c{index}", cfg, env=env, extra_args=extra, name="c")
         peers.append(c)
+        if start_kind == "cold":
+            drop_page_cache()
+        load = LoadSampler().start()
         started = time.time()
         start(c, cores[-1])
 
@@ -133,7 +204,10 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
             rounds = [r for r in status["recent_averaging"] if r["outcome"] == "success" and r["group_size"] >= 2]
             return rounds[0]["time"] if rounds else None
 
-        averaged_at = c.wait_for(lambda: first_round(c.status()), 300, "the first averaged round")
+        try:
+            averaged_at = c.wait_for(lambda: first_round(c.status()), 300, "the first averaged round")
+        finally:
+            load_during = load.stop()
         log = c.log
         if CAUGHT_UP_BY_AVERAGING in log:
             c.wait_for(lambda: HOLDS_THE_SWARMS_PARAMETERS.search(c.log), 300, "the state round after the catch-up")
@@ -162,6 +236,8 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
             "catch_ups": count_until(log, CAUGHT_UP_BY_AVERAGING, averaged_at),
             "holds": holds - started,
             "loss_jump": loss_worst / loss_before,
+            "load": load_during,
+            **joined_in(log),
         }
     finally:
         for peer in peers:
@@ -175,6 +251,12 @@ ROWS = [
     ("download asked -> state applied (first transfer)", "transfer"),
     ("downloaded -> first round averaged with the swarm", "first_round"),
     ("total", "total"),
+    ("  the joiner's own line: start -> holding the state", "joined_in"),
+    ("  its imports (torch, hivemind)", "phase:imports"),
+    ("  its task and model", "phase:model"),
+    ("  its DHT (reachability probe, bootstrap)", "phase:DHT"),
+    ("  its optimizer (averagers' processes)", "phase:optimizer"),
+    ("machine load during the join (1-min loadavg)", "load"),
     ("state downloads before that round (count)", "downloads"),
     ("parameter refreshes before it (count)", "refreshes"),
     ("catch-ups by averaging before it (count)", "catch_ups"),
@@ -183,9 +265,42 @@ ROWS = [
 ]
 
 
-def main() -> None:
+def cell(runs: list[dict], key: str) -> str:
+    """median [min..max] of `key` over the joins that have it; "-" when none has (an older swarmd's log)."""
+    values = [run[key] for run in runs if key in run]
+    return summary(values) if values else "-"
+
+
+def column_name(way_name: str, start_kind: str, cold: bool) -> str:
+    return f"{way_name}, {start_kind}" if cold else way_name
+
+
+def table_rows(runs: dict) -> list[list[str]]:
+    """The main table's rows: one per ROWS entry, one column per (way, start kind) of `runs` (in its order)."""
+    return [[label, *(cell(column, key) for column in runs.values())] for label, key in ROWS]
+
+
+def each_join_rows(joins: list[tuple[str, dict]]) -> list[list[str]]:
+    """The second table: every join in the order it ran, with the machine's load meanwhile."""
+    return [[str(number), name, f"{run['total']:.1f}", f"{run['load']:.2f}",
+             f"{run['joined_in']:.1f}" if "joined_in" in run else "-"]
+            for number, (name, run) in enumerate(joins, 1)]
+
+
+def latest_line(runs: dict, command: str) -> str:
+    """The medians of this run, with its command: what a summary (docs/PERFORMANCE.md) quotes."""
+    medians = ", ".join(f"{name} {statistics.median(r['total'] for r in column):.1f} s "
+                        f"(load {statistics.median(r['load'] for r in column):.1f})"
+                        for name, column in runs.items() if column)
+    joins = min(len(column) for column in runs.values())
+    return f"Median join, {joins} join(s) each: {medians}. Command: {command}"
+
+
+def parse_args(argv=None, *, page_cache_check=lambda: cannot_drop_page_cache()) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="joins per row (default 5)")
+    parser.add_argument("--cold", action="store_true",
+                        help="also one cold join per repetition: the page cache dropped before it starts (root)")
     parser.add_argument("--features", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=4900)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
@@ -194,24 +309,38 @@ def main() -> None:
     parser.add_argument("--own-core-target-batch-size", type=int, default=None,
                         help="own-core layout's target batch (default: half of --target-batch-size)")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (the peers' logs, states and configs)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.own_core_target_batch_size is None:
         args.own_core_target_batch_size = args.target_batch_size // 2
     if "own-core" in args.layouts and len(os.sched_getaffinity(0)) < 2:
         parser.error("--layouts own-core needs two cores or more")
+    why = page_cache_check() if args.cold else ""
+    if why:
+        parser.error(why)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    starts = STARTS if args.cold else ("warm",)
     params = args.features * args.hidden + 2 * args.hidden + 1
     ways = [(mode, layout) for layout in args.layouts for mode in args.modes]
     names = {way: way[0] if len(args.layouts) == 1 else f"{way[0]}, {way[1]}" for way in ways}
-    runs = {way: [] for way in ways}
+    columns = [(way, kind) for way in ways for kind in starts]
+    runs = {column_name(names[way], kind, args.cold): [] for way, kind in columns}
+    joins: list[tuple[str, dict]] = []
     with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         env = install_testtasks(root / "testtasks")
         for index in range(args.repeats):
-            for number, way in enumerate(ways):
+            for number, (way, kind) in enumerate(columns):  # a cold join, then a warm one, of each way
                 mode, layout = way
-                runs[way].append(join_once(root, env, args, len(ways) * index + number, MODES[mode], layout))
-                result = ", ".join(f"{key}={value:.3g}" for key, value in runs[way][-1].items())
-                print(f"  [{index + 1}/{args.repeats}] {names[way]}: {result}", flush=True)
+                name = column_name(names[way], kind, args.cold)
+                run = join_once(root, env, args, len(columns) * index + number, MODES[mode], layout, kind)
+                runs[name].append(run)
+                joins.append((name, run))
+                result = ", ".join(f"{key}={value:.3g}" for key, value in run.items())
+                print(f"  [{index + 1}/{args.repeats}] {name}: {result}", flush=True)
     state_mb = params * 4 * 3 / 1e6  # parameters + Adam's two statistics
     batches = ", ".join(
         f"{layout}: target batch {args.own_core_target_batch_size if layout == 'own-core' else args.target_batch_size}"
@@ -220,12 +349,15 @@ def main() -> None:
     print_table(
         f"Join time of a third peer, {params / 1e6:.1f}M parameters (~{state_mb:.0f} MB of state to download), "
         f"{args.repeats} joins each way, interleaved ({batches})\n{machine()}",
-        ["seconds, median [min..max]", *names.values()],
-        [[label, *(summary([r[key] for r in runs[way]]) for way in ways)] for label, key in ROWS],
+        ["seconds, median [min..max]", *runs],
+        table_rows(runs),
     )
-    for way in ways:
-        rate = state_mb / statistics.median(r["transfer"] for r in runs[way])
-        print(f"transfer rate (median), {names[way]}: {rate:.0f} MB/s")
+    for name, column in runs.items():
+        rate = state_mb / statistics.median(r["transfer"] for r in column)
+        print(f"transfer rate (median), {name}: {rate:.0f} MB/s")
+    print_table("Each join, in the order it ran", ["#", "way", "start -> first round, s", "load", "its own line, s"],
+                each_join_rows(joins))
+    print("\n" + latest_line(runs, shlex.join(["python", "benchmarks/join_time.py", *sys.argv[1:]])))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Threads and processes:
 - the main thread runs the asyncio (uvloop) loop: signals, the status socket, the tick (the snapshot, events and
   the extensions' hooks); it also builds the DHT and hivemind.Optimizer, which hivemind requires on the main thread;
+- at start-up the model is built while the DHT starts, forks wait until no other thread runs (daemon/parallel_start.py);
 - one worker thread trains (swarmd.worker.trainer);
 - hivemind's processes (DHT + p2pd, one per averager) are tied to this process and die with it.
 
@@ -21,6 +22,8 @@ import time
 from typing import Optional
 
 from swarmd.daemon.guarded import bounded, guarded
+from swarmd.daemon.join_phases import JoinPhases
+from swarmd.daemon.parallel_start import ForkGate, together
 from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.runtime import Runtime
 from swarmd.daemon.shared_memory import record_processes, remove_leftovers
@@ -54,7 +57,9 @@ class Daemon:
         self._signals: Optional[StopSignals] = None
         self._reload_signal = ReloadSignal(self._reload)
         self._exit_code = ExitCode.OK
-        self._worker_threads = 0  # the worker's CPU threads, reserved before any torch work (_build_model)
+        self._worker_threads = 0  # the worker's CPU threads, reserved before any torch work (_prepare_process)
+        self.join_phases = JoinPhases()  # logged by the worker once it holds the swarm's state
+        self._forks = ForkGate(self.join_phases)
 
     # --- run -----------------------------------------------------------------------------------------------
 
@@ -87,10 +92,15 @@ class Daemon:
 
     async def _startup(self) -> None:
         await self._open_state_dir()
-        task, model, device, checkpoint = await self._build_model()
-        self.dht = await self._join_swarm()
+        with self.join_phases.timing("imports"):
+            self._prepare_process()
+        # the model needs nothing of the swarm, and the DHT (with its reachability probe) nothing of the model
+        (task, model, device, checkpoint), self.dht = await together(self._forks.model(self._build_model()),
+                                                                     self._join_swarm())
         await self._check_compatibility()
-        self.runtime = self._build_optimizer(task, model, checkpoint)
+        with self.join_phases.timing("optimizer"):
+            await self._forks.before_averagers()
+            self.runtime = self._build_optimizer(task, model, checkpoint)
         self.runtime.ranks = await self._start_ranks(task, model, device)
         record_processes(self.config.state_path, [os.getpid(), *descendant_pids()])  # for the next start's sweep
         self.runtime.worker = self._start_worker(device, checkpoint)
@@ -115,11 +125,9 @@ class Daemon:
                 logger.exception("%s failed to start; going on without it", type(extension).__name__)
         self._refresh_snapshot()
 
-    async def _build_model(self):
-        """The task, its model on the device, and the checkpoint it resumed from (or None)."""
-        # Heavy imports happen here, after the socket answers "starting".
+    def _prepare_process(self) -> None:
+        """Heavy imports (torch, hivemind) after the socket answers "starting"; threads and ties before any fork."""
         from swarmd.logs import route_hivemind_logs
-        from swarmd.seeds import seed_everything
         from swarmd.swarm.children import tie_children_to_this_process
         from swarmd.worker.threads import reserve_threads_for_worker
 
@@ -129,45 +137,16 @@ class Daemon:
         route_hivemind_logs(self.config.logging.hivemind_level)
         tie_children_to_this_process()
         self._check_stop()
-        task, device, init_seed = self._make_task()
-        if self.config.swarm.auxiliary:  # it averages, never reads data: it must start without the dataset
-            logger.info("Preparing task %s for an auxiliary peer (no data)", self.config.task.name)
-            await asyncio.to_thread(task.prepare_auxiliary)
-        else:
-            logger.info("Preparing task %s (%s)", self.config.task.name, type(task).description)
-            await asyncio.to_thread(task.prepare)
-        self._check_stop()
-        seed_everything(init_seed)  # the same on every peer of the run (swarmd/seeds.py): one model per swarm
-        model = await asyncio.to_thread(task.build_model)
-        n_params = sum(p.numel() for p in model.parameters())
-        from swarmd.swarm.compatibility import compatibility_of
 
-        self.identity = dataclasses.replace(self.identity, compatibility=compatibility_of(self.config, model))
-        logger.info("Model: %.2fM parameters, device %s, precision %s", n_params / 1e6, device, task.context.precision)
-        checkpoint = None
-        if self.config.checkpoint.enabled:
-            from swarmd.daemon.checkpointer import Checkpointer
+    async def _build_model(self):
+        """The task, its model on the device, and the checkpoint it resumed from (or None)."""
+        from swarmd.daemon.model_build import build_model
 
-            self.checkpointer = Checkpointer.from_config(self.config)  # checkpoint.dir; records the run's config
-            checkpoint = await asyncio.to_thread(self.checkpointer.load_into_model, model)
-        from swarmd.swarm.initial_state import start_values
-
-        values = await asyncio.to_thread(start_values, model, checkpoint.epoch if checkpoint is not None else 0)
-        self.identity = dataclasses.replace(self.identity, start_values=values)
-        model.to(device)
-        self._check_stop()
-        return task, model, device, checkpoint
-
-    def _make_task(self):
-        from swarmd.ranks.devices import resolve_devices
-        from swarmd.seeds import init_seed
-        from swarmd.tasks.registry import build_task
-
-        self._devices = resolve_devices(self.config.training)  # one per rank; rank 0 (this process) trains on the first
-        device = self._devices[0]
-        self.identity = dataclasses.replace(self.identity, device=str(device))
-        seed = init_seed(self.config.training.seed, self.config.run_id)
-        return build_task(self.config, device=device, seed=seed, ranks=len(self._devices)), device, seed
+        built = await build_model(self.config, check_stop=self._check_stop)
+        self._devices, self.checkpointer = built.devices, built.checkpointer
+        self.identity = dataclasses.replace(self.identity, device=str(built.device), compatibility=built.compatibility,
+                                            start_values=built.start_values)
+        return built.task, built.model, built.device, built.checkpoint
 
     async def _join_swarm(self):
         from swarmd.swarm.dht import join_addresses, join_command, start_dht
@@ -175,8 +154,9 @@ class Daemon:
 
         self._set_state("joining")
         validators = [v for extension in self.extensions for v in guarded(extension.record_validators, self.view) or []]
-        with background_priority(self.config.daemon.background_priority):  # the DHT process and its p2pd
-            dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators)
+        with self.join_phases.timing("DHT"), background_priority(self.config.daemon.background_priority):
+            dht = await start_dht(self.config.network, self.config.state_path, record_validators=validators,
+                                  forking=self._forks.dht_fork)  # the DHT process and its p2pd
         self.dht = dht
         maddrs = tuple(str(addr) for addr in dht.get_visible_maddrs())
         self.identity = dataclasses.replace(self.identity, peer_id=str(dht.peer_id), visible_maddrs=maddrs,
@@ -271,6 +251,7 @@ class Daemon:
             export_model=export,
             resume=self.checkpointer.resume_point(checkpoint) if checkpoint is not None else None,
             start_values=self.identity.start_values,
+            join_phases=self.join_phases,
         )
         worker.start()
         return worker

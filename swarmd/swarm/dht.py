@@ -7,6 +7,7 @@ Every way the start can fail that an operator can fix becomes a StartupError wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -21,10 +22,12 @@ IDENTITY_FILE = "identity.key"
 _DHT_READY_TIMEOUT = 60.0  # p2pd start (15 s fixed in hivemind) + identity check + bootstrap
 
 
-async def start_dht(network, state_dir: Path, *, record_validators=()):
+async def start_dht(network, state_dir: Path, *, record_validators=(), forking=None):
     """A peer's DHT process (forked from the calling, main, thread), awaited without blocking the loop.
 
-    Retries the bootstrap `network.bootstrap_attempts` times when the initial peers do not answer.
+    Retries the bootstrap `network.bootstrap_attempts` times when the initial peers do not answer. `forking`: an
+    async context manager factory entered around each fork of the DHT process (the daemon's: nothing else may run
+    on another thread at a fork, daemon/lifecycle.py).
     """
     for field, addresses in (
         ("network.initial_peers", network.initial_peers),
@@ -36,16 +39,17 @@ async def start_dht(network, state_dir: Path, *, record_validators=()):
     client_mode = await _joins_as_client(network)
     delay = network.bootstrap_retry_delay
     for attempt in range(1, network.bootstrap_attempts + 1):
-        dht = _launch(
-            initial_peers=list(network.initial_peers),
-            host_maddrs=list(network.host_maddrs),
-            announce_maddrs=list(network.announce_maddrs) or None,
-            identity_path=str(state_dir / IDENTITY_FILE),
-            client_mode=client_mode,
-            use_relay=network.use_relay,
-            use_auto_relay=network.use_auto_relay,
-            record_validators=list(record_validators),
-        )
+        async with (forking or contextlib.nullcontext)():
+            dht = _launch(
+                initial_peers=list(network.initial_peers),
+                host_maddrs=list(network.host_maddrs),
+                announce_maddrs=list(network.announce_maddrs) or None,
+                identity_path=str(state_dir / IDENTITY_FILE),
+                client_mode=client_mode,
+                use_relay=network.use_relay,
+                use_auto_relay=network.use_auto_relay,
+                record_validators=list(record_validators),
+            )
         try:
             await asyncio.to_thread(_wait_until_ready, dht, network.initial_peers, network.host_maddrs)
             return dht

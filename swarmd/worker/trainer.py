@@ -14,6 +14,7 @@ The daemon's event loop never blocks on training; this thread never touches the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -107,6 +108,7 @@ class TrainingWorker:
         ranks=None,
         resume=None,
         start_values: str = "",
+        join_phases=None,
     ):
         self.task, self.model, self.optimizer, self.settings = task, model, optimizer, settings
         self.threads = threads  # CPU threads this thread computes with (0: leave torch's setting)
@@ -129,6 +131,7 @@ class TrainingWorker:
         )
         self.start_values = start_values  # what the model started from (swarm/initial_state.py start_values)
         self.resume = resume  # worker/resume.py ResumePoint of the checkpoint the daemon resumed from, or None
+        self.join_phases = join_phases  # daemon/join_phases.py JoinPhases: the catch-up's phases go there, then a line
         if resume is not None and self.precision is not None:
             self.precision.load_state_dict(resume.loss_scaler)
         self._stream_seed, self._batches_taken = data_seed, 0  # the data position (see resume_point)
@@ -184,19 +187,23 @@ class TrainingWorker:
         a trainer, when another trainer offers a state it should start from (swarm/initial_state.py)."""
         self.stats.set_phase("joining")
         tracker = self.optimizer.tracker
-        self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
-        tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
-        if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
-            reason = f"the swarm is at epoch {tracker.global_epoch}, this peer at {self.optimizer.local_epoch}"
-        elif not self.auxiliary and self._another_trainer_offers_its_state():
-            reason = "another trainer is at the same epoch or ahead: starting from its parameters (one model per swarm)"
-        else:
-            reason = None
+        timing = self.join_phases.timing if self.join_phases is not None else lambda phase: contextlib.nullcontext()
+        with timing("look-up"):
+            self.stats.begin("waiting for the swarm's progress", _SYNC_WAIT_SECONDS)
+            tracker.fetched_global_progress_this_epoch.wait(_SYNC_WAIT_SECONDS)
+            if tracker.global_epoch > self.optimizer.local_epoch and tracker.global_progress.num_peers > 1:
+                reason = f"the swarm is at epoch {tracker.global_epoch}, this peer at {self.optimizer.local_epoch}"
+            elif not self.auxiliary and self._another_trainer_offers_its_state():
+                reason = ("another trainer is at the same epoch or ahead: starting from its parameters "
+                          "(one model per swarm)")
+            else:
+                reason = None
         if reason is not None:
             logger.info("Downloading the swarm's state: %s", reason)
             try:
                 self.stats.begin("downloading the swarm's state", self.settings.download_budget)
-                self.optimizer.load_state_from_peers()
+                with timing("download"):
+                    self.optimizer.load_state_from_peers()
                 if tracker.global_epoch - self.optimizer.local_epoch > 1:  # what came is older than the swarm
                     logger.warning("Took a state of epoch %d, the swarm is at epoch %d: training on to catch up",
                                    self.optimizer.local_epoch, tracker.global_epoch)
@@ -204,6 +211,8 @@ class TrainingWorker:
                     logger.info("Caught up with the swarm at epoch %d", self.optimizer.local_epoch)
             except StateLoadFailed as e:
                 logger.warning("%s; training on from the local state, hivemind will retry", e)
+        if self.join_phases is not None:
+            logger.info("%s", self.join_phases.summary())
         self._take_backup()
 
     def _another_trainer_offers_its_state(self) -> bool:

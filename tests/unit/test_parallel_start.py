@@ -1,0 +1,137 @@
+"""The start-up's overlap (daemon/parallel_start.py) and its phase line (daemon/join_phases.py): what runs at once,
+what a failure cancels, and that no fork happens while another thread works."""
+
+import asyncio
+import sys
+import threading
+import time
+
+import pytest
+
+from swarmd.daemon.join_phases import PHASES, JoinPhases, process_start_time
+from swarmd.daemon.parallel_start import ForkGate, Preload, together
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_together_runs_at_once_and_keeps_the_order_of_results():
+    async def after(seconds, value):
+        await asyncio.sleep(seconds)
+        return value
+
+    async def main():
+        began = time.monotonic()
+        results = await together(after(2.0, "model"), after(2.0, "dht"))
+        return results, time.monotonic() - began
+
+    results, took = run(main())
+    assert results == ["model", "dht"]
+    assert took < 3.5  # not 4.0: at once (a wide margin: a loaded machine delays the loop's wake-ups)
+
+
+def test_the_first_failure_cancels_the_others_and_waits_for_their_cleanup():
+    cleaned = []
+
+    async def starting_a_dht():
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.05)  # e.g. stopping the DHT process it had started
+            cleaned.append("dht stopped")
+
+    async def bad_config():
+        await asyncio.sleep(0.05)
+        raise ValueError("task.name: no such task")
+
+    async def main():
+        with pytest.raises(ValueError, match="no such task"):
+            await together(bad_config(), starting_a_dht())
+
+    run(main())
+    assert cleaned == ["dht stopped"]
+
+
+def test_the_dht_forks_after_the_model_is_built_and_the_preload_starts_after_the_fork():
+    events = []
+    phases = JoinPhases(started=time.time())
+    preload = Preload(modules=())
+    gate = ForkGate(phases, preload)
+
+    async def build_model():
+        await asyncio.sleep(2.0)
+        events.append("model built")
+        return "model"
+
+    async def start_dht():
+        await asyncio.sleep(0.05)  # the probe, shorter than the model's build
+        async with gate.dht_fork():
+            events.append("fork")
+            assert not preload.running
+        events.append("preload started" if preload._thread is not None else "no preload")
+        await asyncio.sleep(0.1)  # the bootstrap
+        return "dht"
+
+    async def main():
+        return await together(gate.model(build_model()), phases_timed(phases, start_dht()))
+
+    assert run(main()) == ["model", "dht"]
+    assert events == ["model built", "fork", "preload started"]
+    assert phases.seconds["model"] >= 2.0
+    # about 0.15 s: the probe and the bootstrap, without the 2 s wait for the model (wide: a loaded machine)
+    assert phases.seconds["DHT"] < 1.0
+
+
+async def phases_timed(phases, coroutine):
+    with phases.timing("DHT"):
+        return await coroutine
+
+
+def test_nothing_forks_while_the_preload_imports():
+    release = threading.Event()
+    preload = Preload(modules=())
+    preload._run = lambda: release.wait(5)  # an import that takes a while
+    preload.start()
+    gate = ForkGate(JoinPhases(started=time.time()), preload)
+
+    async def main():
+        waiting = asyncio.ensure_future(gate.before_averagers())
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # the averagers' fork waits for the import
+        release.set()
+        await asyncio.wait_for(waiting, 5)
+
+    run(main())
+
+
+def test_the_preload_imports_once_and_a_failing_module_is_no_error():
+    preload = Preload(modules=("json", "no_such_module_for_swarmd"))
+    preload.start()
+    preload.start()  # once
+    run(preload.wait())
+    assert not preload.running and preload.seconds is not None
+    assert "json" in sys.modules
+
+
+def test_the_preload_covers_what_torchs_first_optimizer_imports():
+    assert Preload().modules == ("torch._dynamo",)
+
+
+def test_the_phase_line_names_each_phase_in_order_and_the_total_from_the_start():
+    phases = JoinPhases(started=100.0)
+    phases.add("download", 3.44)
+    phases.add("DHT", 1.5)
+    phases.add("DHT", -0.25)  # a wait inside the phase that it does not count
+    phases.add("imports", 4.0)
+    assert phases.summary(now=112.3) == "Joined in 12.3 s: imports 4.0 s, DHT 1.2 s, download 3.4 s (phases overlap)"
+    assert list(PHASES)[:4] == ["imports", "model", "DHT", "optimizer"]
+
+
+def test_an_unknown_phase_is_a_bug():
+    with pytest.raises(ValueError, match="unknown join phase"):
+        JoinPhases(started=0.0).add("compile", 1.0)
+
+
+def test_the_process_started_before_now():
+    assert time.time() - 600 < process_start_time() <= time.time()
