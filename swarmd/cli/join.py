@@ -69,12 +69,13 @@ def join(
     )
     flags = {FLAG_KEYS[name]: value for name, value in given.items() if value is not None}
     cfg = load_config(config, flags=flags, assignments=assignments or [])
-    if config is not None or os.environ.get("SWARMD_CONFIG"):
-        from swarmd.swarm.manifest_update import founder_assignments
+    from swarmd.swarm.manifest_update import founder_assignments
 
-        updates = founder_assignments(cfg.state_path, cfg.run_id)  # the founder's `swarmd run update`s
-        if updates:
-            cfg = load_config(config, flags=flags, assignments=[*(assignments or []), *updates])
+    # the founder's `swarmd run update`s ([] on any peer that holds no key of the run: a joiner's come with the
+    # manifest), with a config file or the embedded default alike
+    updates = founder_assignments(cfg.state_path, cfg.run_id)
+    if updates:
+        cfg = load_config(config, flags=flags, assignments=[*(assignments or []), *updates])
     manifest = None
     if config is None and not os.environ.get("SWARMD_CONFIG") and cfg.network.initial_peers:
         from swarmd.cli.run import join_by_manifest

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from typing import Optional
 
 import typer
@@ -70,3 +72,12 @@ def albert(
     elif result.cache_files:
         print(f"Tokenization: done; cached in {os.path.dirname(result.cache_files[0])} for the next run")
     print(f"Train on it with: task: {{name: albert, data: {{source: prepared, path: {result.output}}}}}")
+    # what a run founded on this data carries in its manifest (run-wide), so that joiners prepare the same data; the
+    # options that change only where and how fast (--num-proc, --cache-dir) are each machine's own
+    command = ["swarmd", "prepare", "albert", *(arg for item in inputs for arg in ("--input", item)),
+               "--tokenizer", tokenizer, *(["--dataset-config", dataset_config] if dataset_config else []),
+               "--text-column", text_column, "--max-seq-length", str(max_seq_length),
+               "--validation-fraction", str(validation_fraction), "--seed", str(seed), "--output", "DIR"]
+    print(f"Data identity: {result.identity}")
+    print(f"For the run's config (joiners are told the command and checked against the identity): "
+          f"task.data.prepare: {json.dumps(shlex.join(command))}, task.data.identity: {result.identity}")

@@ -27,7 +27,9 @@ _READ_TIMEOUT = 5.0
 
 @app.command("init")
 def init(
-    config: str = typer.Option(..., "--config", "-c", help="The run's YAML config (its run-wide keys go into the manifest)."),
+    config: Optional[str] = typer.Option(
+        None, "--config", "-c", help="The run's YAML config (its run-wide keys go into the manifest); default: the "
+        "embedded default run, as `swarmd join` without --config."),
     state_dir: Optional[str] = typer.Option(None, "--state-dir", help="The founder's state dir (the run's key goes there)."),
     assignments: list[str] = typer.Option(None, "--set", help="Any config key, as for `swarmd join`."),
 ) -> None:
@@ -44,7 +46,7 @@ def init(
     print(f"The run's key: {key_path} (mode 0600; it signs the run's settings: keep it, keep it private)")
     print(f"Manifest: {summary(manifest)}")
     print(f"Key fingerprint: {manifest.fingerprint}")
-    print(f"Start the run: swarmd join --config {config}{where}")
+    print(f"Start the run: swarmd join{f' --config {config}' if config else ''}{where}")
     print(f"Then anyone joins with: swarmd join --initial-peers <an address the run's first peer prints> "
           f"--run-key {manifest.fingerprint}")
 

@@ -347,9 +347,12 @@ def summary(manifest: Manifest) -> str:
     shown = [_shown(value) for value in (task.get("name"), model or "default", swarm.get("strategy"),
                                          swarm.get("target_batch_size"), training.get("batch_size"),
                                          training.get("precision"))]
+    data = task.get("data") if isinstance(task.get("data"), dict) else {}
+    prepared = (f", data {_shown(str(data.get('identity') or 'unnamed')[:16])} (prepare: "
+                f"{_shown(data.get('prepare'), 200)})" if data.get("prepare") else "")
     return (f"run {manifest.run_id} (manifest v{manifest.version}, key {manifest.fingerprint[:16]}): task {shown[0]}, "
             f"model {shown[1]}, strategy {shown[2]}, target batch {shown[3]}, batch {shown[4]}, precision "
-            f"{shown[5]}, {access}")
+            f"{shown[5]}, {access}{prepared}")
 
 
 def _shown(value: Any, limit: int = 48) -> str:

@@ -206,6 +206,20 @@ def test_run_init_makes_the_key_and_prints_the_fingerprint_and_the_join_line(tmp
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
+def test_run_init_without_a_config_founds_the_embedded_default_run(tmp_path):
+    """The README's quick start: `swarmd run init` with no --config founds the run `swarmd join` trains by default,
+    and the founder's `swarmd run update`s apply to its `swarmd join` without --config too."""
+    result = run_cli("run", "init", "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    fingerprint = mf.read_pin(tmp_path, "swin-micro")
+    assert fingerprint and f"Key fingerprint: {fingerprint}" in result.stdout
+    assert f"Start the run: swarmd join --state-dir {tmp_path}\n" in result.stdout
+    assert mu.founder_assignments(tmp_path, "swin-micro") == []
+    updated = run_cli("run", "update", "--state-dir", str(tmp_path), "--set", "swarm.averaging_timeout=45")
+    assert updated.returncode == 0, updated.stderr
+    assert mu.founder_assignments(tmp_path, "swin-micro") == ["swarm.averaging_timeout=45.0"]
+
+
 def test_a_joiner_takes_the_manifests_settings_under_its_local_ones_and_names_a_contradiction(tmp_path, run_key):
     from swarmd.cli.run import _merge
 
@@ -247,3 +261,15 @@ def test_the_summary_shows_a_founders_strings_escaped_and_clipped(run_key):
     config["task"]["model"]["name"] = "\x1b[2Jevil\n" + "x" * 200
     line = mf.summary(_signed(run_key, config=config))
     assert "\x1b" not in line and "\n" not in line and "\\x1b[2Jevil\\n" in line and len(line) < 400
+
+
+def test_a_run_that_names_its_data_carries_the_prepare_command_and_the_identity(run_key):
+    """task.data.prepare and task.data.identity are run-wide (task.data.path stays each machine's): the manifest
+    carries them and its summary names them, so `swarmd run show` tells a joiner how to prepare the run's data."""
+    command = "swarmd prepare albert --input wikitext --tokenizer albert-large-v2 --dataset-config wikitext-103-raw-v1 --output DIR"
+    config = load_config(ALBERT, assignments=["task.data.source=prepared", "task.data.path=/mnt/data",
+                                              f"task.data.prepare={command}", "task.data.identity=" + "ab" * 32])
+    run_wide = mf.manifest_config(config)
+    assert run_wide["task"]["data"]["prepare"] == command and run_wide["task"]["data"]["identity"] == "ab" * 32
+    assert "path" not in run_wide["task"]["data"]
+    assert f"data abababababababab (prepare: {command})" in mf.summary(_signed(run_key, config=run_wide))

@@ -50,6 +50,38 @@ def test_rerunning_reads_the_datasets_cache(albert_prepared):
     assert sorted((albert_prepared.work / "cache").rglob("cache-*.arrow")) == cache_files
     first_line = albert_prepared.first_run.stdout.splitlines()[0]
     assert again.stdout.splitlines()[0] == first_line  # the same pairs, written again to --output
+    identity = [line for line in albert_prepared.first_run.stdout.splitlines() if line.startswith("Data identity:")]
+    assert identity and identity[0] in again.stdout  # the same data, the same identity
+
+
+def test_the_run_names_its_data_and_a_joiner_is_told_the_command_or_refused_other_data(albert_prepared, tmp_path):
+    """task.data.prepare and task.data.identity (run-wide: in the run's manifest): `swarmd prepare` prints both; a
+    joiner without the data is told the run's command (and --auxiliary), one whose data differs is refused."""
+    from swarmd.errors import ConfigError
+    from swarmd.tasks.albert import AlbertDataConfig
+    from swarmd.tasks.albert.prepared import open_prepared
+
+    out = albert_prepared.first_run.stdout
+    manifest = json.loads((albert_prepared.output / "swarmd-prepared.json").read_text())
+    identity = manifest["identity"]
+    assert len(identity) == 64 and f"Data identity: {identity}" in out
+    line = next(line for line in out.splitlines() if line.startswith("For the run's config"))
+    command = json.loads(line.split("task.data.prepare: ")[1].split(", task.data.identity")[0])
+    assert command.startswith("swarmd prepare albert --input ") and command.endswith("--output DIR")
+    assert "--num-proc" not in command and "--cache-dir" not in command  # each machine's own
+
+    assert open_prepared(albert_prepared.output, key="task.data.path", identity=identity).identity == identity
+    with pytest.raises(ConfigError, match=r"task.data.identity: the run trains on data 000000000000\.\.\., .* holds "
+                       rf"data {identity[:12]}\.\.\.; prepare the run's data with `swarmd prepare albert"):
+        open_prepared(albert_prepared.output, key="task.data.path", prepare=command, identity="0" * 64)
+    missing = tmp_path / "none"
+    with pytest.raises(ConfigError) as told:
+        open_prepared(missing, key="task.data.path", prepare=command, identity=identity)
+    assert f"--output {missing}`" in str(told.value) and "--auxiliary" in str(told.value)
+    with pytest.raises(ValueError, match="prepare the run's data with `swarmd prepare albert .*--set task.data.path"):
+        AlbertDataConfig(source="prepared", prepare=command, identity=identity)  # a joiner: no path of its own
+    with pytest.raises(ValueError):
+        AlbertDataConfig(source="prepared", path="/data", prepare="rm -rf /")  # only a swarmd prepare command
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,16 @@ class AlbertDataConfig(StrictModel):
         "<state_dir>/data), so several local peers can share one copy.",
     )
     generated: GeneratedCorpusConfig = Field(default_factory=GeneratedCorpusConfig)
+    prepare: Optional[str] = Field(
+        None, max_length=2000, pattern=r"^swarmd prepare albert ",
+        description="prepared: the exact `swarmd prepare albert ... --output DIR` command that makes the run's data "
+        "(`swarmd prepare` prints it); run-wide, so a joiner from the run's manifest that lacks the data is told it.",
+    )
+    identity: Optional[str] = Field(
+        None, pattern=r"^[0-9a-f]{64}$",
+        description="prepared: the data's identity (`swarmd prepare` prints it: a sha256 of the pairs and the "
+        "tokenizer); a peer whose prepared data differs refuses to start (exit 2) rather than train on other data.",
+    )
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Fraction of tokens masked for MLM.")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes (masking and padding run there).")
     pad_to_multiple_of: Optional[int] = Field(8, ge=1, description="Pad batches to a multiple of this (tensor cores).")
@@ -80,6 +90,11 @@ class AlbertDataConfig(StrictModel):
     @model_validator(mode="after")
     def _check_source(self) -> "AlbertDataConfig":
         if self.source == "prepared" and not self.path:
+            if self.prepare:  # a joiner from the run's manifest: the path is each machine's own
+                raise ValueError(
+                    f"data.source is prepared but data.path is not set; prepare the run's data with `{self.prepare}` "
+                    "and pass --set task.data.path=DIR (or join with --auxiliary to average without training)"
+                )
             raise ValueError(
                 "data.source is prepared but data.path is not set; point it at the output of "
                 "`swarmd prepare albert --output DIR`"
@@ -130,7 +145,7 @@ class AlbertTask(Task):
             )
         else:
             root = Path(data.path).expanduser()
-        self.prepared = prepared.open_prepared(root, key="task.data.path")
+        self.prepared = prepared.open_prepared(root, key="task.data.path", prepare=data.prepare, identity=data.identity)
         positions = self.settings.model.max_position_embeddings
         if positions is not None and positions < self.prepared.max_seq_length:
             raise ConfigError(

@@ -28,7 +28,10 @@ from typing import Optional, Sequence
 from swarmd.errors import ConfigError
 from swarmd.tasks.albert.prepared import COLUMNS, FORMAT, FORMAT_VERSION, MANIFEST
 
-__all__ = ["PrepareResult", "prepare_albert_dataset", "load_tokenizer", "split_sentences", "sentence_order_pairs"]
+__all__ = [
+    "PrepareResult", "prepare_albert_dataset", "load_tokenizer", "split_sentences", "sentence_order_pairs",
+    "data_identity",
+]
 
 # A sentence ends at . ! or ? followed by white space and an upper-case letter, digit or opening quote/bracket.
 # (NLTK's punkt, which hivemind's example used, needs a model download; this is close enough for pair building.)
@@ -42,6 +45,7 @@ class PrepareResult:
     splits: dict[str, int]  # pairs per split
     reused_cache: bool  # every split came from datasets' cache (nothing was tokenized)
     cache_files: list[str]
+    identity: str = ""  # data_identity of what was written
 
 
 def split_sentences(text: str) -> list[str]:
@@ -173,8 +177,39 @@ def prepare_albert_dataset(
         splits={name: len(split) for name, split in pairs.items()},
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
+    manifest["identity"] = data_identity(pairs, tok)
     written = _write(output, datasets.DatasetDict(pairs), tok, manifest, overwrite=overwrite)
-    return PrepareResult(output=written, splits=manifest["splits"], reused_cache=reused, cache_files=cache_files)
+    return PrepareResult(output=written, splits=manifest["splits"], reused_cache=reused, cache_files=cache_files,
+                         identity=manifest["identity"])
+
+
+IDENTITY_BATCH_ROWS = 4096
+
+
+def data_identity(pairs, tokenizer) -> str:
+    """sha256 of what the run trains on: every split's columns (their values and row boundaries, in order) and the
+    tokenizer's definition. The same input, tokenizer and options give the same identity on any machine (unlike the
+    saved files, whose metadata holds paths and cache fingerprints); the run names it (task.data.identity) so that
+    a joiner's prepared copy is checked against it."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))).encode())
+    for name in sorted(pairs):
+        digest.update(f"{name}:{len(pairs[name])}".encode())
+        # the rows in order, a fixed number at a time (a split may not fit in memory; the batch size is part of what
+        # is hashed, so it never changes)
+        for batch in pairs[name].with_format("arrow").iter(batch_size=IDENTITY_BATCH_ROWS):
+            for column in sorted(batch.column_names):
+                values = batch.column(column).combine_chunks()
+                digest.update(column.encode())
+                if hasattr(values, "flatten"):  # a list column: its row lengths, then its values
+                    lengths = values.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+                    digest.update(lengths.tobytes())
+                    values = values.flatten()
+                digest.update(values.to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def _checked_output(output) -> Path:

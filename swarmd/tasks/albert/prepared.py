@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from swarmd.errors import ConfigError
 
@@ -27,6 +28,7 @@ class PreparedData:
     max_seq_length: int
     vocab_size: int
     splits: dict  # split name -> number of pairs
+    identity: str = ""  # sha256 of its pairs and tokenizer (prepare.py data_identity); "" when prepared before it
 
     def tokenizer(self):
         from transformers import AutoTokenizer
@@ -39,9 +41,14 @@ class PreparedData:
         return load_from_disk(str(self.root / "dataset" / name))
 
 
-def open_prepared(root: Path, *, key: str) -> PreparedData:
-    """Check that `root` is a prepared ALBERT dataset; ConfigError naming `key` and the fix if it is not."""
-    how = f"create it with `swarmd prepare albert --input TEXT --tokenizer TOKENIZER --output {root}`"
+def open_prepared(root: Path, *, key: str, prepare: Optional[str] = None, identity: Optional[str] = None) -> PreparedData:
+    """Check that `root` is a prepared ALBERT dataset, and the run's (`identity`: task.data.identity) when the run
+    names its data; ConfigError naming `key` and the fix if it is not, with the run's own `swarmd prepare` command
+    (`prepare`: task.data.prepare) when it has one."""
+    command = (prepare or "swarmd prepare albert --input TEXT --tokenizer TOKENIZER --output DIR").replace(
+        "--output DIR", f"--output {root}")
+    how = (f"create it with `{command}`" + (" (the run's command), or join with --auxiliary to average without "
+                                            "training" if prepare else ""))
     if not root.is_dir():
         raise ConfigError(f"{key}: {root} does not exist; {how}")
     manifest_path = root / MANIFEST
@@ -59,9 +66,15 @@ def open_prepared(root: Path, *, key: str) -> PreparedData:
     for part in ("dataset/train", "tokenizer"):
         if not (root / part).is_dir():
             raise ConfigError(f"{key}: {root / part} is missing; prepare the dataset again")
-    return PreparedData(
+    data = PreparedData(
         root=root,
         max_seq_length=int(manifest["max_seq_length"]),
         vocab_size=int(manifest["vocab_size"]),
         splits=dict(manifest.get("splits", {})),
+        identity=str(manifest.get("identity") or ""),
     )
+    if identity and data.identity != identity:
+        held = f"data {data.identity[:12]}..." if data.identity else "data prepared before swarmd recorded identities"
+        raise ConfigError(f"task.data.identity: the run trains on data {identity[:12]}..., {root} holds {held}; "
+                          f"prepare the run's data with `{command}`")
+    return data
