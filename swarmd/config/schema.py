@@ -202,8 +202,8 @@ class ExclusionConfig(StrictModel):
         "nobody is excluded.",
     )
     rounds: int = Field(
-        3, ge=1, le=1000, description="Evidence needed: clipped as an outlier in at least this many rounds (or claims "
-        "capped in this many global epochs) within `window`.",
+        3, ge=1, le=1000, description="Evidence needed: clipped as an outlier in at least this many rounds (or its "
+        "returned averages refused in this many rounds, or claims capped in this many global epochs) within `window`.",
     )
     share: float = Field(
         0.5, ge=0, lt=1, description="...and clipped in more than this share of the rounds it sent to this peer's "

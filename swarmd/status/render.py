@@ -122,8 +122,10 @@ def _header(s: dict[str, Any]):
 def excluded_line(entry: dict[str, Any], uptime, started_at) -> str:
     """A peer this one excluded on evidence (swarm/exclusion.py): who, why, the evidence, for how much longer."""
     now = (started_at or 0.0) + (uptime or 0.0)
-    evidence = (f"clipped in {entry.get('clipped_rounds')} of {entry.get('rounds_seen')} rounds"
-                if entry.get("reason") == "clipped" else f"claims capped in {entry.get('capped_claims')} epochs")
+    evidence = {
+        "clipped": f"clipped in {entry.get('clipped_rounds')} of {entry.get('rounds_seen')} rounds",
+        "returned": f"its returned averages refused in {entry.get('returned_rounds')} rounds",
+    }.get(entry.get("reason"), f"claims capped in {entry.get('capped_claims')} epochs")
     left = max(0.0, float(entry.get("until") or 0.0) - now)
     return (f"{_short_id(entry.get('peer_id'))}  ·  {evidence}  ·  {format_duration(left)} left  ·  "
             f"exclusion {entry.get('exclusions')}")

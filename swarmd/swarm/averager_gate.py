@@ -76,6 +76,9 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
                    if peer != self.peer_id and (judged or index in clipped) and reducer.values_sent[index]]
         if senders:
             self._exclusions.report_round(senders)
+        refused = [runner.ordered_peer_ids[index].to_base58() for index in getattr(runner, "refused_reducers", ())]
+        if refused:
+            self._exclusions.report_returned(refused)
 
     async def rpc_join_group(
         self, request: averaging_pb2.JoinRequest, context: P2PContext

@@ -9,6 +9,9 @@ The evidence:
   rounds within `window` seconds AND in more than `share` of the rounds it sent to this peer's share in that
   window: a liar is clipped in every round, an honest peer seldom and never in most (one clipped part, or a rare
   bad round in a long run, is no evidence).
+- `returned`: the receiver checks the average each reducer returns for its share (swarm/robust_aggregation.py
+  RETURN_RATIO) and refuses an implausible one; a reducer refused in at least `rounds` rounds within `window` is
+  excluded (an honest reducer returns a weighted mean of what it was sent: never 100x off).
 - `claims`: the progress tracker caps each other peer's claimed samples and samples/s (swarm/claims.py); a peer
   whose samples were capped in at least `rounds` distinct global epochs within `window` is excluded.
 An excluded peer is refused at join_group (it cannot join this peer's group), its all-reduce parts are refused
@@ -61,7 +64,7 @@ logger = logging.getLogger("swarmd.exclusion")
 # where an excluded peer is refused (the order of the shared counters): asking to join this peer's group, sending it
 # all-reduce parts, being asked to lead this peer's group (matchmaking), being downloaded from
 PLACES = ("join_group", "aggregate_part", "leader", "state_source")
-REASONS = ("clipped", "claims")
+REASONS = ("clipped", "returned", "claims")
 EXCLUDED_FILE = "excluded_peers.active"  # in the state dir: the ids every process of this peer refuses
 EVIDENCE_PER_PEER = 512  # observations kept per peer (the newest)
 # Reports in flight from the averagers to the daemon (more are dropped), and the senders of one round in a report (a
@@ -102,12 +105,14 @@ class ExcludedPeer:
     rounds_seen: int  # rounds in the window it sent to this peer's share, when excluded
     capped_claims: int  # global epochs in the window its claims were capped in, when excluded
     exclusions: int  # times this peer has been excluded (this one included): the time doubles with each
+    returned_rounds: int = 0  # rounds in the window whose average it returned this peer refused, when excluded
 
 
 @dataclass
 class _Record:
     rounds: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, clipped)
     claims: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, epoch)
+    returned: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, 1): refused averages
     last_seen: float = 0.0
     strikes: int = 0  # exclusions so far
     excluded: Optional[ExcludedPeer] = None  # the current or last one
@@ -131,6 +136,14 @@ class ExclusionTable:
         if record is None or self._is_excluded(record, now):
             return None
         record.rounds.append((now, bool(clipped)))
+        return self._judge(peer_id, record, now)
+
+    def observe_returned(self, peer_id: str, now: float) -> Optional[ExcludedPeer]:
+        """This peer refused the average `peer_id` returned for its share of a round."""
+        record = self._record(peer_id, now)
+        if record is None or self._is_excluded(record, now):
+            return None
+        record.returned.append((now, 1))
         return self._judge(peer_id, record, now)
 
     def observe_claim(self, peer_id: str, epoch: int, now: float) -> Optional[ExcludedPeer]:
@@ -157,10 +170,10 @@ class ExclusionTable:
             record = self._records[peer_id]
             self._age(record, now)
             ended = record.excluded is not None and record.excluded.until <= now
-            if ended and record.excluded.until + self.policy.max_seconds <= now and not record.rounds \
-                    and not record.claims:
+            nothing = not record.rounds and not record.claims and not record.returned
+            if ended and record.excluded.until + self.policy.max_seconds <= now and nothing:
                 del self._records[peer_id]
-            elif record.excluded is None and not record.rounds and not record.claims:
+            elif record.excluded is None and nothing:
                 del self._records[peer_id]
 
     # --- inside -----------------------------------------------------------------------------------------------
@@ -194,7 +207,7 @@ class ExclusionTable:
         if record.excluded is not None and record.excluded.until <= now:
             # the evidence that led to an exclusion is spent with it: the next one needs fresh evidence
             horizon = max(horizon, record.excluded.until)
-        for evidence in (record.rounds, record.claims):
+        for evidence in (record.rounds, record.claims, record.returned):
             while evidence and evidence[0][0] < horizon:
                 evidence.popleft()
 
@@ -205,6 +218,8 @@ class ExclusionTable:
         epochs = len({epoch for _, epoch in record.claims})
         if clipped >= policy.rounds and clipped > policy.share * len(record.rounds):
             reason = "clipped"
+        elif len(record.returned) >= policy.rounds:
+            reason = "returned"
         elif epochs >= policy.rounds:
             reason = "claims"
         else:
@@ -218,6 +233,7 @@ class ExclusionTable:
         record.excluded = ExcludedPeer(
             peer_id=peer_id, reason=reason, since=now, until=now + seconds, clipped_rounds=clipped,
             rounds_seen=len(record.rounds), capped_claims=epochs, exclusions=record.strikes,
+            returned_rounds=len(record.returned),
         )
         self.totals[reason] += 1
         return record.excluded
@@ -261,6 +277,10 @@ class ExclusionList(SharedPeerFile):
         """One round of this peer's share: (sender's base58 id, whether it was clipped) for each other sender."""
         self._report(("round", time.time(), tuple(senders)[:SENDERS_PER_REPORT]))
 
+    def report_returned(self, peers: Iterable[str]) -> None:
+        """Reducers of one round whose returned averages this peer refused (base58 ids)."""
+        self._report(("returned", time.time(), tuple(peers)[:SENDERS_PER_REPORT]))
+
     def report_claims(self, peers: Iterable[str], epoch: int) -> None:
         """Peers whose progress claims the tracker capped at global epoch `epoch`."""
         self._report(("claims", time.time(), int(epoch), tuple(peers)[:SENDERS_PER_REPORT]))
@@ -291,6 +311,9 @@ def feed(table: ExclusionTable, items: Iterable) -> list[ExcludedPeer]:
             if item[0] == "round":
                 _, when, senders = item
                 found = [table.observe_round(str(peer), bool(clipped), float(when)) for peer, clipped in senders]
+            elif item[0] == "returned":
+                _, when, peers = item
+                found = [table.observe_returned(str(peer), float(when)) for peer in peers]
             elif item[0] == "claims":
                 _, when, epoch, peers = item
                 found = [table.observe_claim(str(peer), int(epoch), float(when)) for peer in peers]
@@ -380,6 +403,9 @@ def _evidence_text(made: ExcludedPeer, policy: ExclusionPolicy) -> str:
     if made.reason == "clipped":
         return (f"robust aggregation clipped it as an outlier in {made.clipped_rounds} of the {made.rounds_seen} "
                 f"rounds it sent to this peer's share in the last {policy.window:.0f} s")
+    if made.reason == "returned":
+        return (f"this peer refused the average it returned for its share in {made.returned_rounds} rounds in the "
+                f"last {policy.window:.0f} s")
     return (f"its progress claims (samples, samples/s) were capped as implausible in {made.capped_claims} global "
             f"epochs in the last {policy.window:.0f} s")
 

@@ -40,7 +40,10 @@ from hivemind.averaging.partition import TensorPartReducer
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
-__all__ = ["Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip"]
+__all__ = [
+    "Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip",
+    "implausible_return",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,15 @@ OUTLIER_SHARE = 0.5
 # that one honest peer excluded meets the others in pairs, where no evidence against it would ever come
 # (swarm/exclusion.py). Loud liars only: a liar at honest scale is caught in groups of three.
 PAIR_OUTLIER_RATIO = 100.0
+# What comes back (issue 34 item 2): a reducer can lie about the average of its share. The receiver checks each part
+# it gets against what it sent for that part: the average is refused when it is not finite, or its norm is above
+# RETURN_RATIO x max(the part this peer sent, this peer's whole vector's norm spread evenly over the part's size).
+# An honest average is a weighted mean of the senders' parts, within the spread of honest parts (a few times a
+# part's norm, more where this peer's part is sparse: hence the even-spread floor); a reducer that returns x1000 is
+# refused. Loud lies only: a reducer that shifts the average a little is not caught here. A refused part is never
+# applied (this peer keeps its own values there, the round is partial: swarm/partial_rounds.py), and the reducer
+# is reported as evidence (swarm/exclusion.py, "returned").
+RETURN_RATIO = 100.0
 
 
 @dataclass(frozen=True)
@@ -243,8 +255,25 @@ class CenteredClipReducer(TensorPartReducer):
         return [bool(far) and one.sender != self.own_sender for one in sent]
 
 
+def implausible_return(sent: torch.Tensor, delta: torch.Tensor, floor: float) -> str:
+    """Why the average a reducer returned for a part is refused ("" when it is not): `sent` is the part this peer
+    sent, `delta` the average minus it (what hivemind's reducers return), `floor` the least norm a part is compared
+    against (see RETURN_RATIO)."""
+    delta = delta.float()
+    if not bool(torch.isfinite(delta).all()):
+        return "not finite"
+    average = sent.detach().float().reshape(-1) + delta.reshape(-1)
+    reference = max(float(torch.linalg.vector_norm(sent.detach().float())), floor)
+    norm = float(torch.linalg.vector_norm(average))
+    if reference > 0 and norm > RETURN_RATIO * reference:
+        return f"its norm is {norm / reference:.3g}x this peer's part's"
+    return ""
+
+
 class RobustAllReduceRunner(AllReduceRunner):
-    """Upstream's all-reduce with a CenteredClipReducer for this peer's share."""
+    """Upstream's all-reduce with a CenteredClipReducer for this peer's share, and every average another reducer
+    returns checked before it is used (`implausible_return`): `refused_reducers` holds the senders' indices in
+    `ordered_peer_ids` of the reducers whose averages this peer refused in this round."""
 
     def __init__(self, *args, aggregation: Aggregation, **kwargs):
         super().__init__(*args, **kwargs)
@@ -254,9 +283,33 @@ class RobustAllReduceRunner(AllReduceRunner):
         plain.finished.set()
         own = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None
         self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation, own)
+        self.refused_reducers: dict[int, str] = {}  # reducer's index -> why its first refused part was refused
+        self._check_returned_parts()
+
+    def _check_returned_parts(self) -> None:
+        # upstream registers every reducer's result (and a failed reducer's zeros) through the container's
+        # register_processed_part (allreduce.py l.210, l.233; partition.py l.135): checked here, per instance
+        container = self.tensor_part_container
+        register, own_index = container.register_processed_part, self.ordered_peer_ids.index(self.peer_id)
+        squares = sum(float(t.detach().float().pow(2).sum()) for t in container.local_tensors)
+        per_value = (squares / max(container.total_size, 1)) ** 0.5  # this peer's vector's norm spread evenly
+
+        def register_checked(peer_index: int, part_index: int, part: torch.Tensor) -> None:
+            if peer_index != own_index:
+                sent = container._input_parts_by_peer[peer_index][part_index][0]
+                why = implausible_return(sent, part, per_value * sent.numel() ** 0.5)
+                if why:
+                    self.refused_reducers.setdefault(peer_index, why)
+                    part = torch.zeros_like(sent)  # this peer's own values there: the part is missing
+                    container.failed_size += sent.numel()
+            register(peer_index, part_index, part)
+
+        container.register_processed_part = register_checked
 
 
 class AggregatesRobustly(DecentralizedAverager):
+    runner_type = RobustAllReduceRunner  # what runs each all-reduce (a test's lying reducer is another)
+
     def __init__(self, *args, aggregation: Optional[Aggregation] = None, **kwargs):
         # set before upstream's __init__, which starts the averager's process (fork copies it)
         self.aggregation = Aggregation() if aggregation is None else aggregation
@@ -270,7 +323,7 @@ class AggregatesRobustly(DecentralizedAverager):
             return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
         # upstream's body (averager.py l.537-558), with the robust runner
         group_id = group_info.group_id if group_id is None else group_id
-        runner = RobustAllReduceRunner(
+        runner = self.runner_type(
             p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors, group_id=group_id,
             ordered_peer_ids=group_info.peer_ids, aggregation=self.aggregation, **kwargs,
         )
@@ -286,6 +339,9 @@ class AggregatesRobustly(DecentralizedAverager):
         self._count_outliers(runner)
 
     def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
+        for index, why in getattr(runner, "refused_reducers", {}).items():  # a plain runner checks nothing
+            logger.warning("Refused the average %s returned for its share of this round (%s): this peer keeps its "
+                           "own values there", runner.ordered_peer_ids[index], why)
         reducer = runner.tensor_part_reducer
         clipped = reducer.clipped_senders()
         with self.outliers_clipped.get_lock():

@@ -87,6 +87,83 @@ def test_the_plain_mean_follows_the_liar(dhts):
     assert min(errors) > 100, errors  # (2 g - 1000 g) / 3 - g
 
 
+def _lying_reducer_types():
+    """An OuterAverager whose reducer returns x1000 the average of its share (issue 34 item 2: a reducer lies)."""
+    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.robust_aggregation import CenteredClipReducer, RobustAllReduceRunner
+
+    class LyingReducer(CenteredClipReducer):
+        async def accumulate_part(self, *args, **kwargs):
+            return 1000.0 * await super().accumulate_part(*args, **kwargs)
+
+    class LyingRunner(RobustAllReduceRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            honest = self.tensor_part_reducer
+            honest.finished.set()
+            self.tensor_part_reducer = LyingReducer(honest.part_shapes, honest.num_senders, honest.aggregation,
+                                                    honest.own_sender)
+
+    class LyingAverager(OuterAverager):
+        runner_type = LyingRunner
+
+    return LyingAverager
+
+
+def _round_with_a_lying_reducer(dhts, prefix: str):
+    """One all-reduce of three swarmd averagers, the third a reducer that returns x1000 the average of its share:
+    (the honest peers' results, their groups, their own tensors, the three's mean, the signal)."""
+    from swarmd.swarm.outer_round import OuterAverager
+
+    generator = torch.Generator().manual_seed(1)
+    signal = torch.randn(SIZE, generator=generator)
+    tensors = [signal + 0.3 * torch.randn(SIZE, generator=generator) for _ in range(3)]
+    settings = dict(prefix=prefix, target_group_size=3, min_group_size=3, min_matchmaking_time=2.0,
+                    request_timeout=1.0, start=True, aggregation=Aggregation())
+    kinds = [OuterAverager, OuterAverager, _lying_reducer_types()]
+    averagers = [kind(averaged_tensors=[tensor.clone()], dht=dht, **settings)
+                 for kind, tensor, dht in zip(kinds, tensors, dhts)]
+    try:
+        controls = [averager.step(wait=False, timeout=30) for averager in averagers]
+        groups = [control.result(40) for control in controls]
+        assert [len(group) for group in groups] == [3, 3, 3]
+        results = []
+        for averager in averagers[:2]:
+            with averager.get_tensors() as got:
+                results.append(got[0].clone())
+        return results, groups[:2], tensors[:2], torch.stack(tensors).mean(0), signal
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+
+
+def test_a_reducer_that_returns_x1000_the_average_is_refused_by_the_receivers(dhts):
+    """Each honest receiver refuses the lying reducer's averages (robust_aggregation.py RETURN_RATIO): it keeps its
+    own values in that share, the round is partial (about a third missing), the rest is the honest reduction."""
+    from swarmd.swarm.partial_rounds import missing_share
+
+    results, groups, own, mean, signal = _round_with_a_lying_reducer(dhts, "lying-reducer")
+    for result, group, tensor in zip(results, groups, own):
+        error, missing = _relative_error(result, mean, signal), missing_share(group)
+        print(f"\nan honest receiver: {missing:.0%} of the round refused, off the three's mean by {error:.3f}")
+        assert 0.2 < missing < 0.5, missing  # the liar's share: about a third
+        assert error < 0.3, error
+        kept = float((result == tensor).float().mean())  # the refused share holds this peer's own values
+        assert 0.2 < kept < 0.5, kept
+
+
+def test_without_the_check_the_lying_reducer_sets_its_share(dhts, monkeypatch):
+    """The same round with the check off (RETURN_RATIO infinite, inherited by the averagers' forked processes):
+    what the check is for, and proof that the test above fails without it."""
+    from swarmd.swarm import robust_aggregation
+
+    monkeypatch.setattr(robust_aggregation, "RETURN_RATIO", float("inf"))
+    results, groups, own, mean, signal = _round_with_a_lying_reducer(dhts, "lying-reducer-unchecked")
+    errors = [_relative_error(result, mean, signal) for result in results]
+    print(f"\nunchecked: honest results off the three's mean by {errors} of the signal's norm")
+    assert min(errors) > 100, errors  # a third of the vector x1000
+
+
 LIAR_TEST_LR = 0.01
 LIAR_TEST_BATCH = 64  # honest gradients of 64-sample steps agree closely: a small clip radius next to the liar's
 

@@ -31,7 +31,7 @@ def test_one_clipped_round_is_no_evidence_three_are():
     assert made is not None and made.reason == "clipped" and made.clipped_rounds == 3 and made.rounds_seen == 3
     assert made.until == T0 + 2 + 60.0 and made.exclusions == 1
     assert table.is_excluded("liar", T0 + 3) and [e.peer_id for e in table.excluded(T0 + 3)] == ["liar"]
-    assert table.totals == {"clipped": 1, "claims": 0}
+    assert table.totals == {"clipped": 1, "returned": 0, "claims": 0}
 
 
 def test_a_clean_run_excludes_nobody_even_with_rare_clipped_rounds():
@@ -42,7 +42,7 @@ def test_a_clean_run_excludes_nobody_even_with_rare_clipped_rounds():
     for i in range(20_000):  # a round every 0.5 s: 2.8 hours, four honest senders
         for peer in ("a", "b", "c", "d"):
             assert table.observe_round(peer, rng.random() < 0.1, T0 + i * 0.5) is None
-    assert table.excluded(T0 + 10_000) == () and table.totals == {"clipped": 0, "claims": 0}
+    assert table.excluded(T0 + 10_000) == () and table.totals == {"clipped": 0, "returned": 0, "claims": 0}
 
 
 def test_a_peer_clipped_in_a_minority_of_its_rounds_is_not_excluded():
@@ -102,7 +102,7 @@ def test_claims_in_three_epochs_exclude_and_repeats_in_one_epoch_do_not():
     assert table.observe_claim("p", 8, T0 + 11) is None
     made = table.observe_claim("p", 9, T0 + 12)
     assert made is not None and made.reason == "claims" and made.capped_claims == 3
-    assert table.totals == {"clipped": 0, "claims": 1}
+    assert table.totals == {"clipped": 0, "returned": 0, "claims": 1}
 
 
 def test_with_exclusion_off_the_evidence_excludes_nobody():
@@ -206,7 +206,7 @@ async def _the_extension_publishes_and_lifts(tmp_path):
         fields = extension.snapshot_fields()
         (shown,) = fields["excluded_peers"]
         assert shown.peer_id == "liar" and shown.reason == "clipped" and shown.clipped_rounds == 2
-        assert fields["exclusions_total"] == {"clipped": 1, "claims": 0}
+        assert fields["exclusions_total"] == {"clipped": 1, "returned": 0, "claims": 0}
         now[0] = shown.until + 1
         extension.update()
         assert not reader.excludes("liar") and extension.snapshot_fields()["excluded_peers"] == ()
@@ -346,3 +346,19 @@ def test_the_status_view_names_an_excluded_peer_its_evidence_and_the_time_left()
     assert "QmLiar" in line and "clipped in 3 of 4 rounds" in line and "40 s left" in line
     claims = {**entry, "reason": "claims", "capped_claims": 3, "exclusions": 2}
     assert "claims capped in 3 epochs" in excluded_line(claims, uptime=20.0, started_at=T0)
+
+
+def test_a_reducer_whose_averages_were_refused_in_three_rounds_is_excluded_and_the_report_travels():
+    """`returned` evidence (robust_aggregation.py RETURN_RATIO): each round in which this peer refused what a
+    reducer returned; three within the window exclude it, older ones age out; the report comes through the queue."""
+    table = ExclusionTable(ExclusionPolicy(rounds=3, window=600.0))
+    assert table.observe_returned("liar", T0) is None
+    assert table.observe_returned("liar", T0 + 700) is None  # the first aged out: one in the window
+    assert table.observe_returned("liar", T0 + 701) is None
+    made = table.observe_returned("liar", T0 + 702)
+    assert made is not None and made.reason == "returned" and made.returned_rounds == 3
+    assert table.totals == {"clipped": 0, "returned": 1, "claims": 0}
+
+    table = ExclusionTable(ExclusionPolicy(rounds=1))
+    made = feed(table, [("returned", T0, ("liar", "other")), ("returned", "bad")])
+    assert sorted(e.peer_id for e in made) == ["liar", "other"]

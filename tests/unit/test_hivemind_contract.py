@@ -121,6 +121,11 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (AllReduceRunner, "tensor_part_container", "attribute", ()),  # partial_rounds
     (TensorPartContainer, "failed_size", "attribute", ()),  # partial_rounds
     (TensorPartContainer, "total_size", "attribute", ()),  # partial_rounds
+    (TensorPartContainer, "_input_parts_by_peer", "attribute", ()),  # robust_aggregation: what was sent, per reducer
+    (TensorPartContainer, "local_tensors", "attribute", ()),  # robust_aggregation: the floor of the returns' check
+    (TensorPartContainer, "register_processed_part", "method", ("peer_index", "part_index", "part")),  # robust_aggregation
+    (TensorPartContainer, "register_failed_reducer", "source", (  # robust_aggregation: zeros go through the checked one
+        "self.register_processed_part(peer_index, part_index, part_result_or_delta)",)),
     # robust_aggregation: the runner's reducer replaced after upstream built it, with a subclass whose accumulator
     # records the parts (add_) and aggregates them once the part is complete (div_)
     (AllReduceRunner, "__init__", "source", ("self.tensor_part_reducer = TensorPartReducer(",)),

@@ -174,3 +174,26 @@ def test_a_majority_of_identical_parts_wins_without_counting_the_different_one_a
     result, clipped = centered_clip([shared, shared.clone(), stepped], [1.0, 1.0, 1.0], tau=1.0, iterations=3)
     torch.testing.assert_close(result, shared)
     assert not any(clipped)
+
+
+def test_what_a_reducer_returns_is_checked_against_what_was_sent():
+    """robust_aggregation.py implausible_return: the average (sent + delta) is refused when not finite or above
+    RETURN_RATIO x max(|sent|, floor); an honest average, a sparse part under the floor and a part nobody can judge
+    (zeros sent, no floor) pass."""
+    from swarmd.swarm.robust_aggregation import RETURN_RATIO, implausible_return
+
+    sent = torch.ones(1000)
+    honest = torch.full((1000,), 2.0) - sent  # the group's average is 2: twice this peer's part
+    assert implausible_return(sent, honest, floor=0.0) == ""
+    assert "x this peer's part" in implausible_return(sent, 1000.0 * torch.ones(1000) - sent, floor=0.0)
+    nan = honest.clone()
+    nan[3] = float("nan")
+    assert implausible_return(sent, nan, floor=0.0) == "not finite"
+    sparse = torch.zeros(1000)
+    sparse[0] = 0.01  # this peer's batch hardly touched these values; the others' did
+    average = torch.full((1000,), 0.05)
+    floor = 0.05 * 1000 ** 0.5  # this peer's whole vector, spread evenly: about the average's scale
+    assert implausible_return(sparse, average - sparse, floor=floor) == ""
+    assert implausible_return(sparse, average - sparse, floor=0.0) != ""  # without the floor it would be refused
+    assert implausible_return(torch.zeros(10), torch.full((10,), 1e9), floor=0.0) == ""  # nothing to judge by
+    assert RETURN_RATIO >= 10
