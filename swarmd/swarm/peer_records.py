@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, Optional
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import get_dht_time
-from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, confloat, conint, constr
+from pydantic.v1 import BaseModel, Extra, StrictBool, ValidationError, confloat, conint, conlist, constr
 
 from swarmd import __version__
 from swarmd.swarm.outcomes import FAILED_OUTCOMES
@@ -48,6 +48,7 @@ __all__ = [
 
 RECORD_FIELD = "swarmd_peers_v4"  # v2: the compatibility fields; v3: start_values; v4: reachable, reachability
 PEER_ID_PATTERN = r"^[1-9A-HJ-NP-Za-km-z]{16,128}$"  # base58
+MAX_EXCLUDING = 16  # excluded peers a record names (the soonest to end first): the pages show "excluded by N peers"
 
 
 class PeerRecord(BaseModel):
@@ -80,6 +81,9 @@ class PeerRecord(BaseModel):
     # can other peers dial it, and how they reach it (swarm/reachability.py; status/snapshot.py REACHABILITY_*)
     reachable: constr(strict=True, regex="^(" + "|".join(REACHABILITY_STATES) + ")$")
     reachability: constr(strict=True, regex="^(" + "|".join(REACHABILITY_MODES) + ")$")
+    # the peers this one excludes now on evidence (swarm/exclusion.py), at most MAX_EXCLUDING: its word, shown as
+    # such (no peer acts on another's exclusions)
+    excluding: conlist(constr(strict=True, regex=PEER_ID_PATTERN), max_items=MAX_EXCLUDING)
     time: confloat(strict=True, allow_inf_nan=False)  # DHT time of publication
 
     class Config:
@@ -155,6 +159,7 @@ def record_from_snapshot(snapshot, now: Optional[float] = None) -> dict[str, Any
         "start_values": _clip(str(s.start_values or ""), 64),
         "reachable": s.reachable if s.reachable in REACHABILITY_STATES else "unknown",
         "reachability": s.reachability if s.reachability in REACHABILITY_MODES else "unknown",
+        "excluding": [str(excluded.peer_id) for excluded in s.excluded_peers][:MAX_EXCLUDING],
         "time": float(get_dht_time() if now is None else now),
     }
     PeerRecord.parse_obj(record)  # fail here, with the field named, rather than silently in the DHT

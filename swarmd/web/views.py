@@ -48,6 +48,7 @@ class PeerRow:
     version: str
     share: str = ""  # of the swarm's samples/s: "41%" ("—" for an auxiliary peer)
     reachability: str = ""  # can peers dial it: yes, no, unknown (swarm/reachability.py); "" where not published
+    excluded: str = ""  # "by 2 peers (this one: clipped)": who excludes it on evidence (swarm/exclusion.py); "" nobody
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def peer_rows(s: Mapping[str, Any]) -> list[PeerRow]:
             version=str(p.get("swarmd_version") or ""),
             share=_share(p, swarm_rate),
             reachability=str(p.get("reachable") or (s.get("reachable") if p.get("self") else "") or ""),
+            excluded=_excluded_by(p, peers, s.get("excluded_peers") or ()),
         ))
     return rows
 
@@ -251,6 +253,21 @@ def _share(peer: Mapping[str, Any], swarm_rate: float) -> str:
     if peer.get("auxiliary") or peer.get("samples_per_second") is None:
         return "—"
     return f"{100.0 * float(peer['samples_per_second']) / swarm_rate:.0f}%" if swarm_rate > 0 else "0%"
+
+
+def _excluded_by(peer: Mapping[str, Any], peers, own_exclusions) -> str:
+    """Who excludes `peer` on evidence: the records that name it (each writer's word, swarm/peer_records.py
+    `excluding`) and, on a peer's own page, this peer's exclusion with its reason (fresher than its record)."""
+    peer_id = peer.get("peer_id")
+    by = {str(q.get("peer_id")) for q in peers if peer_id in (q.get("excluding") or ())}
+    mine = next((e for e in own_exclusions if isinstance(e, Mapping) and e.get("peer_id") == peer_id), None)
+    own_id = next((str(q.get("peer_id")) for q in peers if q.get("self")), "")
+    if mine is not None:
+        by.add(own_id)
+    if not by:
+        return ""
+    text = f"by {len(by)} peer{'s' if len(by) != 1 else ''}"
+    return f"{text} (this one: {mine.get('reason')})" if mine is not None else text
 
 
 def _model_note(compatibility: Mapping[str, Any]) -> str:

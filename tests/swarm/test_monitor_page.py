@@ -1,8 +1,8 @@
-"""The monitor's page of a real swarm in a real browser: two toy peers, one named `<script>alert(1)</script>`, and
-`swarmd monitor` serving its page; headless Chromium (Debian's `chromium`, tests/browser.py) loads it and the test
-reads the DOM it left: both peers listed (the stranger's name as text), the swarm's throughput above 0, the curves
-drawn, one round of both peers drawn as two lanes (the flight recorder), and the tables complete with JavaScript
-off. The screenshot goes under the test's tmp_path.
+"""The monitor's page of a real swarm in a real browser: three toy peers, one named `<script>alert(1)</script>`,
+and `swarmd monitor` serving its page; headless Chromium (Debian's `chromium`, tests/browser.py) loads it and the
+test reads the DOM it left: the three peers listed (the stranger's name as text), the swarm's throughput above 0,
+the curves drawn, one round of the three drawn as three lanes (the flight recorder), and the tables complete with
+JavaScript off. The screenshot goes under the test's tmp_path (README's docs/monitor-page.png is one).
 
 Skips without Chromium, fails instead under SWARMD_REQUIRE_TOOLS=1 (as .ci/run runs). Every wait is bounded; the
 peers (the `daemons` fixture) and the monitor (its own session, killed) are gone when the test ends.
@@ -26,7 +26,7 @@ TASK = {"name": "toy-regression", "frozen_epochs": 10**6, "frozen_step_seconds":
 
 
 def config(name: str) -> dict:
-    return peer_config(task=TASK, swarm={"target_batch_size": 32}, training={"batch_size": 16, "seed": 0},
+    return peer_config(task=TASK, swarm={"target_batch_size": 48}, training={"batch_size": 16, "seed": 0},
                        checkpoint={"enabled": False}, daemon={"public_name": name})
 
 
@@ -39,6 +39,7 @@ def test_a_browser_shows_the_monitors_page_of_a_real_swarm(daemons, test_tasks_e
     chromium_binary()  # skip (or fail) before starting anything
     first = daemons("first", config("alpha"), env=test_tasks_env)
     daemons("second", config(HOSTILE_NAME), env=test_tasks_env, extra_args=first.joining_args())
+    daemons("third", config("gamma"), env=test_tasks_env, extra_args=first.joining_args())
     log_path = tmp_path / "monitor.log"
     log = open(log_path, "wb")
     command = [sys.executable, "-m", "swarmd", "monitor", "--config", str(first.config_path), "--state-dir",
@@ -51,28 +52,32 @@ def test_a_browser_shows_the_monitors_page_of_a_real_swarm(daemons, test_tasks_e
             lambda: next((line.split("http://")[1].split("/")[0] for line in log_path.read_text().splitlines()
                           if "the swarm's page at http://" in line), None), 120, "the monitor's page")
 
-        def two_training_peers():
+        def three_training_peers():
             status = api_status(address)
             rates = status["throughput_over_time"]["series"][0]["points"]
             peers = status["peers"]
-            timeline = round_timeline(status)  # the flight recorder: one round that both peers published
-            return (len(peers) == 2 and all(p["samples_per_second"] > 0 for p in peers) and len(rates) >= 2
-                    and timeline is not None and len(timeline.lanes) == 2)
+            timeline = round_timeline(status)  # the flight recorder: the newest round two or more peers published
+            return (len(peers) == 3 and all(p["samples_per_second"] > 0 for p in peers) and len(rates) >= 2
+                    and timeline is not None and len(timeline.lanes) == 3)
 
-        first.wait_for(two_training_peers, 120, "the monitor's page to show 2 training peers and a round of both")
+        first.wait_for(three_training_peers, 150, "the monitor's page to show 3 training peers and a round of 3")
         url = f"http://{address}/"
-        dom = chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", url)
+        for _ in range(3):  # the newest round may be one of two by the time the browser loads: load again (bounded)
+            dom = chromium(tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", url)
+            lanes = len(re.findall(r'class="lane( failed)?"', dom))
+            if lanes == 3:
+                break
         page = Page(dom)
         assert page.html_class == "js" and dom.count('class="u-wrap"') == 2  # the script ran, uPlot drew both
         names = sorted(row[0] for row in page.tables["peers"])
-        assert names == sorted(["alpha", HOSTILE_NAME]), names  # the stranger's name as text, in its cell
+        assert names == sorted(["alpha", "gamma", HOSTILE_NAME]), names  # the stranger's name as text, in its cell
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and all(s.get("src") for s in page.scripts)
         assert float(page.items["throughput"].split()[0]) > 0
         assert all(float(row[4]) > 0 for row in page.tables["peers"])
-        assert len(re.findall(r'class="lane( failed)?"', dom)) == 2, dom  # the round's lanes, one per peer
+        assert lanes == 3, dom  # the round's lanes, one per peer
 
         without = Page(dom_without_javascript(tmp_path / "profile", url))
-        assert without.html_class == "" and len(without.tables["peers"]) == 2
+        assert without.html_class == "" and len(without.tables["peers"]) == 3
 
         screenshot = tmp_path / "monitor-page.png"
         chromium(tmp_path / "profile", "--hide-scrollbars", "--window-size=1280,900", "--virtual-time-budget=4000",

@@ -66,8 +66,20 @@ def test_a_peer_record_from_its_snapshot_is_accepted_when_signed_by_its_owner():
     assert record["samples_per_second"] == 80.0 and isinstance(record["samples_per_second"], float)
     assert record["target_batch_size"] == 256 and record["state"] == "training"
     assert record["start_values"] == "0:" + "c" * 40
+    assert record["excluding"] == []
     assert node.accepts(node.records.owner, record, node.records.signature)
     assert node.accepts(node.records.owner, None, node.records.signature)  # the goodbye
+
+
+def test_a_record_names_at_most_16_of_the_peers_its_writer_excludes():
+    from swarmd.swarm.exclusion import ExcludedPeer
+
+    ids = [f"QmLiar{'a' * 38}{digit}" for digit in "123456789ABCDEFGHJKL"]  # base58: no 0
+    excluded = tuple(ExcludedPeer(peer_id, "clipped", 0.0, 60.0, 3, 3, 0, 1) for peer_id in ids)
+    record = record_from_snapshot(snapshot(excluded_peers=excluded))
+    assert record["excluding"] == ids[:16]
+    node = Node()
+    assert node.accepts(node.records.owner, record, node.records.signature)
 
 
 def test_nobody_can_write_under_another_peers_key():
@@ -88,6 +100,7 @@ def test_nobody_can_write_under_another_peers_key():
         {"loss": float("nan")}, {"peer_id": "not a peer id!"}, {"public_name": ""}, {"public_name": "x" * 65},
         {"client_mode": 1}, {"target_batch_size": 0}, {"unknown_field": 1}, {"start_values": "0:" + "f" * 63},
         {"reachable": "<b>yes</b>"}, {"reachability": "teleport"},
+        {"excluding": ["<script>"]}, {"excluding": ["Qm" + "a" * 44] * 17}, {"excluding": "QmLiar"},
     ],
 )
 def test_malformed_records_are_refused(change):

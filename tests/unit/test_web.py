@@ -149,3 +149,22 @@ def test_a_failing_page_is_a_500_and_one_log_record_while_metrics_go_on(caplog):
         body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda status, headers: answers.append(status)))
     assert answers == ["500 Internal Server Error", "500 Internal Server Error", "200 OK"] and body == b"metrics"
     assert [r.levelname for r in caplog.records if r.name == "swarmd.web"] == ["ERROR", "DEBUG"]
+
+
+def test_the_peers_table_says_who_excludes_a_peer_and_why():
+    """The excluded column: the records that name a peer in `excluding` (each writer's word), and on a peer's own
+    page its own exclusion with the reason."""
+    now = time.time()
+    snapshot = three_peer_snapshot(now).to_dict()
+    alpha, beta, liar = snapshot["peers"]
+    beta["excluding"] = [liar["peer_id"]]
+    snapshot["excluded_peers"] = [{"peer_id": liar["peer_id"], "reason": "clipped", "since": now - 5,
+                                   "until": now + 55, "clipped_rounds": 3, "rounds_seen": 3, "capped_claims": 0,
+                                   "exclusions": 1}]
+    page = Page(render_peer_page(snapshot, now=now))
+    column = page.tables["peers"][0].index("—", 10)  # alpha's row: nobody excludes it
+    assert [row[column] for row in page.tables["peers"]] == ["—", "—", "by 2 peers (this one: clipped)"]
+
+    del snapshot["excluded_peers"]  # the monitor's view: the records only
+    page = Page(render_peer_page(snapshot, now=now))
+    assert [row[column] for row in page.tables["peers"]] == ["—", "—", "by 1 peer"]
