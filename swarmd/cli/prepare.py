@@ -72,12 +72,18 @@ def albert(
     elif result.cache_files:
         print(f"Tokenization: done; cached in {os.path.dirname(result.cache_files[0])} for the next run")
     print(f"Train on it with: task: {{name: albert, data: {{source: prepared, path: {result.output}}}}}")
-    # what a run founded on this data carries in its manifest (run-wide), so that joiners prepare the same data; the
-    # options that change only where and how fast (--num-proc, --cache-dir) are each machine's own
-    command = ["swarmd", "prepare", "albert", *(arg for item in inputs for arg in ("--input", item)),
-               "--tokenizer", tokenizer, *(["--dataset-config", dataset_config] if dataset_config else []),
-               "--text-column", text_column, "--max-seq-length", str(max_seq_length),
-               "--validation-fraction", str(validation_fraction), "--seed", str(seed), "--output", "DIR"]
-    print(f"Data identity: {result.identity}")
-    print(f"For the run's config (joiners are told the command and checked against the identity): "
-          f"task.data.prepare: {json.dumps(shlex.join(command))}, task.data.identity: {result.identity}")
+    command = run_command(inputs, tokenizer, dataset_config, text_column, max_seq_length, validation_fraction, seed)
+    print(f"Data identity: {result.identity}\nFor the run's config (joiners are told the command and checked against "
+          f"the identity): task.data.prepare: {json.dumps(command)}, task.data.identity: {result.identity}")
+
+
+def run_command(inputs, tokenizer, dataset_config, text_column, max_seq_length, validation_fraction, seed) -> str:
+    """The `swarmd prepare albert` command a run founded on this data carries in its manifest (task.data.prepare),
+    so that joiners prepare the same data: without the options that change only where and how fast (--num-proc,
+    --cache-dir: each machine's own), and with `--output DIR` for the joiner to fill in."""
+    return shlex.join([
+        "swarmd", "prepare", "albert", *(arg for item in inputs for arg in ("--input", item)), "--tokenizer", tokenizer,
+        *(["--dataset-config", dataset_config] if dataset_config else []), "--text-column", text_column,
+        "--max-seq-length", str(max_seq_length), "--validation-fraction", str(validation_fraction), "--seed",
+        str(seed), "--output", "DIR",
+    ])

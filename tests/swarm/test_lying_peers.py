@@ -118,8 +118,10 @@ def _round_with_a_lying_reducer(dhts, prefix: str):
     generator = torch.Generator().manual_seed(1)
     signal = torch.randn(SIZE, generator=generator)
     tensors = [signal + 0.3 * torch.randn(SIZE, generator=generator) for _ in range(3)]
+    # parts of 4000 values: each of the three reduces about a third of the vector (at hivemind's default part size
+    # the vector is one part, and one peer, maybe the liar, reduces all of it)
     settings = dict(prefix=prefix, target_group_size=3, min_group_size=3, min_matchmaking_time=2.0,
-                    request_timeout=1.0, start=True, aggregation=Aggregation())
+                    request_timeout=1.0, start=True, aggregation=Aggregation(), part_size_bytes=16_000)
     kinds = [OuterAverager, OuterAverager, _lying_reducer_types()]
     averagers = [kind(averaged_tensors=[tensor.clone()], dht=dht, **settings)
                  for kind, tensor, dht in zip(kinds, tensors, dhts)]
