@@ -191,6 +191,11 @@ class AggregationConfig(StrictModel):
         "coordinate-wise median. Larger lets honest outliers count fully and an attacker further.",
     )
     iterations: int = Field(3, ge=1, le=50, description="CenteredClip iterations, starting from the median.")
+    max_weight_ratio: float = Field(
+        2.0, ge=0, le=1000, description="A sender's weight (the samples it claims) counts at most this many times "
+        "the senders' lower median weight: one sender claiming 100x the samples cannot set the average. Raise it "
+        "in a swarm of very different machines (a GPU peer beside CPU peers); 0: weights as claimed.",
+    )
 
 
 class ExclusionConfig(StrictModel):

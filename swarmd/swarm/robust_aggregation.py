@@ -18,7 +18,8 @@ within the radius get their mean (with uneven weights, within tau's effect); a s
 result by at most w_i/sum(w) x radius per iteration. A part with a NaN/Inf, or of the wrong size, is left out (weight
 0). What arrives is decompressed first (hivemind's deserialization), so compression changes nothing here. The
 protocol is upstream's: plain hivemind peers stay in the group, but the shares they reduce are plain means
-(docs/FAULTS.md). The weights (the samples a sender claims) are trusted as upstream trusts them.
+(docs/FAULTS.md). The weights (the samples a sender claims) are capped at `max_weight_ratio` x their median
+(`capped_weights`), and the evidence is judged as if every sender weighed alike.
 
 How it plugs in: `AggregatesRobustly._run_allreduce_inplace_` is upstream's (averager.py l.537-558) with the runner
 swapped for `RobustAllReduceRunner`, whose reducer keeps upstream's bookkeeping (when a part is complete, banned
@@ -42,7 +43,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 
 __all__ = [
     "Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip",
-    "implausible_return",
+    "implausible_return", "capped_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ PAIR_OUTLIER_RATIO = 100.0
 # applied (this peer keeps its own values there, the round is partial: swarm/partial_rounds.py), and the reducer
 # is reported as evidence (swarm/exclusion.py, "returned").
 RETURN_RATIO = 100.0
+# Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
+# CenteredClip (a second pass): see CenteredClipReducer.aggregate.
+EVIDENCE_WEIGHT_SPREAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,30 @@ class Aggregation:
     method: str = "centered_clip"
     tau: float = 1.0
     iterations: int = 3
+    max_weight_ratio: float = 2.0  # a sender's weight at most this x the senders' lower median weight; 0: uncapped
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"aggregation method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if not self.tau > 0 or self.iterations < 1:
             raise ValueError(f"aggregation needs tau > 0 and iterations >= 1, not {self.tau} and {self.iterations}")
+        if self.max_weight_ratio < 0:
+            raise ValueError(f"aggregation needs max_weight_ratio >= 0, not {self.max_weight_ratio}")
+
+
+def capped_weights(weights: Sequence[float], ratio: float) -> list[float]:
+    """The senders' weights (the samples each claims) with none above `ratio` x the (upper) median of the positive
+    ones (0: as they are). A weight is a claim nobody can check: uncapped, one sender claiming 100x the samples sets
+    the average (CenteredClip's result moves by a sender's weight share of the clip radius per iteration) and makes
+    every honest sender look like the outlier. The cap also bounds an honest peer much faster than the others (a GPU
+    beside CPUs) to `ratio` x the median: raise it in such a swarm. The upper median, because weights far below the
+    others' are honest too (a peer catching up weighs 1e-6 in a state round, swarm/optimizer.py) and must not set the
+    cap; so a pair is never capped (neither of two can be told the liar, as in swarm/claims.py)."""
+    positive = sorted(float(w) for w in weights if w > 0)
+    if ratio <= 0 or not positive:
+        return [float(w) for w in weights]
+    cap = ratio * positive[len(positive) // 2]
+    return [min(float(w), cap) for w in weights]
 
 
 SORTING_NETWORK_ROWS = 16  # up to this many senders the median sorts by elementwise min/max (0.4 ms against 15 ms
@@ -226,8 +248,15 @@ class CenteredClipReducer(TensorPartReducer):
         if not sent:  # every sender of this part failed: upstream would return 0/0
             return torch.zeros(shape)
         parts = [one.tensor for one in sent]
+        weights = capped_weights(weights, self.aggregation.max_weight_ratio)
         try:
             result, clipped = centered_clip(parts, weights, self.aggregation.tau, self.aggregation.iterations)
+            positive = [w for w in weights if w > 0]
+            if positive and max(positive) > EVIDENCE_WEIGHT_SPREAD * min(positive):
+                # the evidence is judged with every sender counting alike: a sender weighed heavily (honestly or
+                # not) pulls the result its way and would make the others look like outliers
+                _, clipped = centered_clip(parts, [1.0 if w > 0 else 0.0 for w in weights], self.aggregation.tau,
+                                           self.aggregation.iterations)
         except Exception:  # a bug here must not hang the round: the part gets upstream's mean
             logger.exception("Robust aggregation failed; this part is the senders' weighted mean")
             total = sum(weights) or 1.0

@@ -1,0 +1,170 @@
+"""Strangers who lie (issue 34): real swarmd peers of one run, one of which attacks, against the defences
+(robust aggregation, receivers' checks, claims capped, exclusion on evidence; docs/FAULTS.md).
+
+Each cell starts `--peers` daemons on 127.0.0.1 training the `faulty` test task (a small regression whose honest
+loss falls from ~0.45 to ~0.01), one of them the attacker, and runs until honest peer 0 reaches the sample budget
+(`--budget-epochs` global epochs past the one at which all peers trained together) or the cell's time runs out.
+Attacks (the attacker's task settings):
+
+    x -1e6          its gradients times -1e6 (loud)
+    sign flip       its gradients times -1 (at honest scale: quiet)
+    claims x100     honest gradients, but 100x the samples it computed reported (progress and averaging weight)
+    zeros, x100     no gradient at all (times 0) while claiming 100x the samples
+
+Columns: the honest peer's loss at the budget (the median of its last three epoch means) against the clean run's,
+the epochs from the start until an honest peer excluded the attacker (and by how many honest peers), honest
+peers excluded by anyone (wrongly), and for the clean rows the defence's cost: samples/s and median gradient round
+time with the defences on against off (hivemind's mean, no exclusion, no claim check), side by side.
+
+    python benchmarks/attacks.py [--strategies sync diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
+        [--budget-epochs 30] [--cell-timeout 240]
+
+Not covered here: NaN gradients (a swarmd worker skips a non-finite step before sending: it needs an attacker
+that modifies its averager, tests/swarm/test_lying_peers.py covers the reducers' side), stale replays and "a
+little is enough" shifts (not expressible as a task setting; see docs/FAULTS.md for what the defences say about
+them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import DaemonProcess, install_testtasks, machine, peer_config, print_table
+
+ATTACKS = {
+    "x -1e6": {"grad_scale": -1e6},
+    "sign flip": {"grad_scale": -1.0},
+    "claims x100": {"claim_scale": 100},
+    "zeros, x100": {"grad_scale": 0.0, "claim_scale": 100},
+}
+BATCH = 64
+UNDEFENDED = {"aggregation": {"method": "mean"}, "exclusion": {"enabled": False, "claim_rate_ratio": 0.0},
+              "guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}
+
+
+def config(strategy: str, attack: dict, defended: bool = True) -> dict:
+    swarm = {"target_batch_size": BATCH * 8, "matchmaking_time": 2.0, "averaging_timeout": 10.0,
+             "exclusion": {"base_seconds": 600.0}}  # an exclusion lasts the whole cell
+    if strategy == "diloco":
+        swarm.update(strategy="diloco", diloco={"inner_steps": 8})
+    if not defended:
+        swarm.update(UNDEFENDED)
+    return peer_config(
+        task={"name": "faulty", "step_sleep": 0.02, **attack,
+              "optim": {"lr": 0.01, "weight_decay": 0.0, "warmup_epochs": 0, "schedule": "constant"}},
+        swarm=swarm, training={"batch_size": BATCH, "threads": 1, "seed": 0}, checkpoint={"enabled": False},
+    )
+
+
+def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, defended: bool = True) -> dict:
+    """One swarm: (the honest loss at the budget, the epochs until exclusion, wrongly excluded peers, throughput,
+    gradient round times)."""
+    peers = []
+    try:
+        for index in range(args.peers):
+            attacker = attack is not None and index == args.peers - 1
+            settings = ATTACKS[attack] if attacker else {}
+            extra = peers[0].joining_args() if peers else []
+            peers.append(DaemonProcess(root / f"peer{index}", config(strategy, settings, defended), env=env,
+                                       extra_args=extra, name="attacker" if attacker else f"honest{index}").start())
+        first = peers[0]
+        together = first.wait_status(lambda s: s["num_peers"] == args.peers and s["loss"] is not None, 180,
+                                     "every peer training")
+        start_epoch, started = together["global_epoch"], time.monotonic()
+        ids = [peer.wait_status(lambda s: s["peer_id"], 60, "a peer id")["peer_id"] for peer in peers]
+        honest_ids, attacker_id = set(ids[: args.peers - (attack is not None)]), ids[-1] if attack else None
+        excluded_at: dict[str, int] = {}  # honest peer -> the global epoch its exclusion of the attacker appeared
+        wrongly: dict[str, str] = {}  # an honest peer excluded by another -> why
+        samples_first = first.status()["samples_total"]
+        status = together
+        deadline = started + args.cell_timeout
+        while status["global_epoch"] < start_epoch + args.budget_epochs and time.monotonic() < deadline:
+            time.sleep(2)
+            for peer, peer_id in zip(peers, ids):
+                if peer_id not in honest_ids:
+                    continue
+                seen = peer.status()
+                for entry in seen.get("excluded_peers") or ():
+                    if entry["peer_id"] == attacker_id:
+                        excluded_at.setdefault(peer_id, seen["global_epoch"] - start_epoch)
+                    elif entry["peer_id"] in honest_ids:
+                        wrongly.setdefault(entry["peer_id"], entry["reason"])
+                if peer is first:
+                    status = seen
+        seconds = time.monotonic() - started
+        losses = [loss for epoch, loss in status["loss_history"] if epoch > start_epoch]
+        rounds = [r["duration_seconds"] for r in status["recent_averaging"]
+                  if r["kind"] in ("gradients", "outer") and r["outcome"] == "success"]
+        return {
+            "loss": statistics.median(losses[-3:]) if losses else float("nan"),
+            "epochs": status["global_epoch"] - start_epoch,
+            "excluded_at": sorted(excluded_at.values()),
+            "wrongly": len(wrongly),
+            "wrongly_why": sorted(wrongly.values()),
+            "samples_per_second": (status["samples_total"] - samples_first) / seconds,
+            "round_seconds": statistics.median(rounds) if rounds else float("nan"),
+        }
+    finally:
+        for peer in peers:
+            peer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "diloco"])
+    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--budget-epochs", type=int, default=30)
+    parser.add_argument("--cell-timeout", type=float, default=240.0, help="seconds a cell may train")
+    args = parser.parse_args()
+
+    print(machine())
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        env = install_testtasks(root / "plugins")
+        cell = 0
+        for strategy in args.strategies:
+
+            def one(attack, defended=True):
+                nonlocal cell
+                cell += 1
+                name = f"{attack or 'clean'}{'' if defended else ', undefended'}"
+                print(f"  [{cell}] {strategy}: {name}", flush=True)
+                result = run_cell(root / f"cell{cell}", env, strategy, attack, args, defended)
+                print(f"      {result}", flush=True)
+                return result
+
+            clean, undefended = one(None), one(None, defended=False)
+            ratio = clean["samples_per_second"] / undefended["samples_per_second"]
+            rows.append([strategy, "clean (defended)", f"{clean['loss']:.4f}", "1.00", "—", str(clean["wrongly"]),
+                         f"{clean['samples_per_second']:.1f} ({ratio:.3f}x undefended)",
+                         f"{clean['round_seconds']:.2f} (undefended {undefended['round_seconds']:.2f})",
+                         str(clean["epochs"])])
+            rows.append([strategy, "clean, undefended", f"{undefended['loss']:.4f}",
+                         f"{undefended['loss'] / clean['loss']:.2f}", "—", "—",
+                         f"{undefended['samples_per_second']:.1f}", f"{undefended['round_seconds']:.2f}",
+                         str(undefended["epochs"])])
+            for attack in args.attacks:
+                result = one(attack)
+                excluded = (f"{result['excluded_at'][0]} ({len(result['excluded_at'])} of {args.peers - 1})"
+                            if result["excluded_at"] else "never")
+                wrongly = f"{result['wrongly']} ({', '.join(result['wrongly_why'])})" if result["wrongly"] else "0"
+                rows.append([strategy, attack, f"{result['loss']:.4f}", f"{result['loss'] / clean['loss']:.2f}",
+                             excluded, wrongly, f"{result['samples_per_second']:.1f}",
+                             f"{result['round_seconds']:.2f}", str(result["epochs"])])
+    print_table(
+        f"{args.peers} peers (1 attacker), faulty task, budget {args.budget_epochs} global epochs (or "
+        f"{args.cell_timeout:.0f} s)",
+        ["strategy", "cell", "honest loss", "x clean", "excluded at epoch (by)", "honest excluded",
+         "peer 0 samples/s", "round s (median)", "epochs"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
