@@ -506,8 +506,9 @@ class SwarmOptimizer(Optimizer):
         the group average its state at this epoch's end (resync_requested), so that its members hold one model
         again instead of drifting apart until the next scheduled state round."""
         logger.warning(
-            "Averaging gradients returned %.1f%% of the average (a reducer failed or was late); this epoch uses "
-            "local gradients and the group averages its parameters at the epoch's end", 100 * (1 - missing),
+            "Averaging gradients returned %.1f%% of the average (a reducer failed or was late, or its average was "
+            "refused as implausible); this epoch uses local gradients and the group averages its parameters at the "
+            "epoch's end", 100 * (1 - missing),
         )
         self.averaging_log.record(
             "gradients", "partial", group_size=1, duration=duration, epoch=self.local_epoch,

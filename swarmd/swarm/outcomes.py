@@ -17,8 +17,9 @@ OUTCOME_MEANING = {
     "skipped": "no partners (alone, or no round was scheduled); own values used",
     "rejected": "averaged, but the result was implausible (non-finite or far too large); own values used",
     "local": "DiLoCo's outer step on this peer's own pseudo-gradient (alone, or the round failed: see its error)",
-    "partial": "part of the average did not arrive (a reducer failed or was late); this peer's own values were used "
-    "and the group averages its state again (docs/FAULTS.md)",
+    "partial": "part of the average did not arrive (a reducer failed or was late, or returned an average this peer "
+    "refused as implausible); this peer's own values were used and the group averages its state again "
+    "(docs/FAULTS.md)",
 }
 OUTCOMES = tuple(OUTCOME_MEANING)
 

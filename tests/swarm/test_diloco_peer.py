@@ -255,7 +255,10 @@ def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradie
         assert first.error.startswith("the round failed"), first.error
         assert _max_difference(honest[1], reference.model) < 1e-6
 
-        # Round 1 for both: they average, and the honest peer rejects the average.
+        # Round 1 for both: they average, and the honest peer refuses the garbage: the share the garbage peer
+        # reduced comes back thousands of times the honest peer's part (robust_aggregation.py implausible_return),
+        # so the round is partial and it steps on its own pseudo-gradient. (Before receivers checked what comes
+        # back, the whole average arrived and the pseudo-gradient guard rejected it: the same step.)
         garbage[2].load_state_from_peers()  # the garbage peer catches up with the honest one at epoch 1
         assert garbage[2].local_epoch == 1
         seeds = range(H, 2 * H)
@@ -266,8 +269,8 @@ def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradie
         reference.inner_steps(seeds)
         reference.outer_step(reference.pseudo_gradient())
         second = honest[3].last("outer")
-        assert (second.outcome, second.group_size) == ("rejected", 2), second
-        assert "this peer's" in second.error, second.error
+        assert (second.outcome, second.group_size) == ("partial", 1), second
+        assert "of the average did not arrive" in second.error, second.error
         assert _max_difference(honest[1], reference.model) < 1e-6
         assert garbage[3].last("outer").outcome == "success"  # its own norm is the larger one: it takes the average
     finally:
