@@ -43,6 +43,7 @@ __all__ = [
     "record_from_snapshot",
     "parse_records",
     "entries",
+    "owned_entries",
     "common_target_batch_size",
 ]
 
@@ -172,22 +173,31 @@ def parse_records(found, *, own_subkey: Optional[bytes] = None, now: Optional[fl
     Never raises on what peers stored: anything that is not a well-formed record is counted and skipped.
     """
     now = get_dht_time() if now is None else now
-    peers, rejected = [], 0
+    valid, rejected = owned_entries(found, PeerRecord)
+    peers = []
+    for subkey, record in valid:
+        record["last_seen_seconds"] = round(max(0.0, now - record["time"]), 3)
+        record["self"] = own_subkey is not None and subkey == own_subkey
+        peers.append(record)
+    peers.sort(key=lambda p: (p["public_name"], p["peer_id"]))
+    return peers, rejected
+
+
+def owned_entries(found, schema) -> tuple[list[tuple[bytes, dict]], int]:
+    """(subkey, the value as a plain dict) for each entry of a `dht.get` result whose subkey is an owner marker and
+    whose value parses as `schema` (a pydantic model); and how many were rejected. Goodbyes (None) are neither.
+    The records of the run's dictionary keys (peer records, swarm/round_records.py) are read through this."""
+    valid, rejected = [], 0
     for subkey, value in entries(found):
         if value is None:
             continue  # a goodbye
         try:
             if not isinstance(subkey, bytes) or not RSASignatureValidator._PUBLIC_KEY_RE.search(subkey):
                 raise ValueError("the subkey is not an owner marker")
-            record = PeerRecord.parse_obj(value).dict()
+            valid.append((subkey, schema.parse_obj(value).dict()))
         except (ValidationError, ValueError, TypeError):
             rejected += 1
-            continue
-        record["last_seen_seconds"] = round(max(0.0, now - record["time"]), 3)
-        record["self"] = own_subkey is not None and subkey == own_subkey
-        peers.append(record)
-    peers.sort(key=lambda p: (p["public_name"], p["peer_id"]))
-    return peers, rejected
+    return valid, rejected
 
 
 def entries(found) -> list[tuple[Any, Any]]:

@@ -16,11 +16,11 @@ from typing import Any, Dict, Optional
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import get_dht_time
-from pydantic.v1 import BaseModel, Extra, ValidationError, confloat, conint, conlist, constr
+from pydantic.v1 import BaseModel, Extra, confloat, conint, conlist, constr
 
 from swarmd.swarm.averaging_log import MAX_GROUP_PEERS
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
-from swarmd.swarm.peer_records import PEER_ID_PATTERN, entries
+from swarmd.swarm.peer_records import PEER_ID_PATTERN, owned_entries
 
 __all__ = [
     "ROUNDS_FIELD", "ROUNDS", "PublishedRound", "RoundsRecord", "RoundRecordsSchema", "RoundRecords",
@@ -104,17 +104,8 @@ def rounds_record_from_snapshot(snapshot, now: Optional[float] = None) -> Option
 def parse_round_records(found) -> tuple[list[dict[str, Any]], int]:
     """The valid round records of a `dht.get` result, as plain dicts; and how many were rejected. Never raises on
     what peers stored."""
-    records, rejected = [], 0
-    for subkey, value in entries(found):
-        if value is None:
-            continue  # a goodbye
-        try:
-            if not isinstance(subkey, bytes) or not RSASignatureValidator._PUBLIC_KEY_RE.search(subkey):
-                raise ValueError("the subkey is not an owner marker")
-            records.append(RoundsRecord.parse_obj(value).dict())
-        except (ValidationError, ValueError, TypeError):
-            rejected += 1
-    records.sort(key=lambda record: record["peer_id"])
+    valid, rejected = owned_entries(found, RoundsRecord)
+    records = sorted((record for _, record in valid), key=lambda record: record["peer_id"])
     return records, rejected
 
 
