@@ -132,27 +132,15 @@ class ExclusionTable:
 
     def observe_round(self, peer_id: str, clipped: bool, now: float) -> Optional[ExcludedPeer]:
         """A round in which `peer_id` sent to this peer's share; returns its exclusion if this made one."""
-        record = self._record(peer_id, now)
-        if record is None or self._is_excluded(record, now):
-            return None
-        record.rounds.append((now, bool(clipped)))
-        return self._judge(peer_id, record, now)
+        return self._observe(peer_id, now, lambda record: record.rounds.append((now, bool(clipped))))
 
     def observe_returned(self, peer_id: str, now: float) -> Optional[ExcludedPeer]:
         """This peer refused the average `peer_id` returned for its share of a round."""
-        record = self._record(peer_id, now)
-        if record is None or self._is_excluded(record, now):
-            return None
-        record.returned.append((now, 1))
-        return self._judge(peer_id, record, now)
+        return self._observe(peer_id, now, lambda record: record.returned.append((now, 1)))
 
     def observe_claim(self, peer_id: str, epoch: int, now: float) -> Optional[ExcludedPeer]:
         """The tracker capped what `peer_id` claimed at global epoch `epoch`."""
-        record = self._record(peer_id, now)
-        if record is None or self._is_excluded(record, now):
-            return None
-        record.claims.append((now, int(epoch)))
-        return self._judge(peer_id, record, now)
+        return self._observe(peer_id, now, lambda record: record.claims.append((now, int(epoch))))
 
     def excluded(self, now: float) -> tuple[ExcludedPeer, ...]:
         """The exclusions in force at `now`, soonest to end first."""
@@ -177,6 +165,15 @@ class ExclusionTable:
                 del self._records[peer_id]
 
     # --- inside -----------------------------------------------------------------------------------------------
+
+    def _observe(self, peer_id: str, now: float, add) -> Optional[ExcludedPeer]:
+        """`add(record)` the evidence to `peer_id`'s record (none while it is excluded, or when the table is full of
+        excluded peers), then judge it: its exclusion if this made one."""
+        record = self._record(peer_id, now)
+        if record is None or self._is_excluded(record, now):
+            return None
+        add(record)
+        return self._judge(peer_id, record, now)
 
     @staticmethod
     def _is_excluded(record: _Record, now: float) -> bool:
