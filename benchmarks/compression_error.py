@@ -1,7 +1,7 @@
 """Error of each wire compression against fp32, bytes per value, and codec time.
 
 For every `swarm.*_compression` name: one encode/decode round trip through swarmd's codec (the classes hivemind's
-averager uses, swarm/quantization.py for the 8-bit ones) on
+averager uses, swarm/upstream/quantization.py for the 8-bit ones) on
 - N(0, s^2) tensors of 1M values at scales s = 1e-4, 1, 1e2 (the worst of the three is shown: the 8-bit codecs
   scale with the data, fp16 loses more in its subnormal range and at large magnitudes),
 - the gradients of the micro Swin (the default task; 0.54M parameters in 50 tensors) on one batch of 32 random

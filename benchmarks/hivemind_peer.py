@@ -130,9 +130,11 @@ def run(args) -> None:
     import torch
 
     from swarmd.config import load_config
+    from swarmd.config.task_resolver import use_task_resolver
     from swarmd.tasks.base import TaskContext
     from swarmd.tasks.registry import resolve_task
 
+    use_task_resolver(resolve_task)
     config = load_config(args.config, environ={})
     state_dir = Path(args.state_dir)
     report = _Report(state_dir / STATUS_FILE)

@@ -99,10 +99,10 @@ def count_until(log: str, needle: str, moment: float) -> int:
 
 
 # More than one download means the swarm's epoch ended during a download and the joiner downloaded again (hivemind
-# requires the swarm's exact epoch); a catch-up by averaging is swarmd's way out of that (swarm/optimizer.py), and
+# requires the swarm's exact epoch); a catch-up by averaging is swarmd's way out of that (swarm/upstream/optimizer.py), and
 # the next state round gives the joiner the swarm's parameters.
 DOWNLOADED = "Downloaded the swarm's state"
-REFRESHED = "took its parameters again"  # the parameters alone, after a download the swarm outran (swarm/parameter_refresh.py)
+REFRESHED = "took its parameters again"  # the parameters alone, after a download the swarm outran (swarm/upstream/parameter_refresh.py)
 CAUGHT_UP_BY_AVERAGING = "The swarm moved on during the state download"
 HOLDS_THE_SWARMS_PARAMETERS = re.compile(r"Took the swarm's parameters by averaging: caught up at epoch (\d+)")
 JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")

@@ -4,7 +4,7 @@ Two peers of one swarm on cores 0 and 1 (as swarm_utilization.py), once per vari
 peer A's samples/s, time in opt.step, the durations of its gradient rounds, and for each of its processes (the
 daemon, the DHT process, the averagers, p2pd) the cores used and the context switches per second, read from
 /proc/<pid>/task/*/{stat,status}. Variants differ in `swarm.averager_opts`: `paced` is swarmd's default,
-`unpaced` hivemind 1.1.12's matchmaking and declarations (swarm/averager_pace.py).
+`unpaced` hivemind 1.1.12's matchmaking and declarations (swarm/upstream/averager_pace.py).
 
     python benchmarks/pair_profile.py [--window 20] [--target-batch-size 2048] [--variants paced unpaced]
 """

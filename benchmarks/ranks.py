@@ -46,9 +46,11 @@ def micro_swin(state_dir: str, batch_size: int):
     import torch
 
     from swarmd.config import load_config
+    from swarmd.config.task_resolver import use_task_resolver
     from swarmd.tasks.base import TaskContext
     from swarmd.tasks.registry import resolve_task
 
+    use_task_resolver(resolve_task)
     config = load_config(
         environ={},
         flags={

@@ -32,9 +32,11 @@ def plain_loop(data_path: str, threads: int, batch_size: int, seconds: float, wa
     import torch
 
     from swarmd.config import load_config
+    from swarmd.config.task_resolver import use_task_resolver
     from swarmd.tasks.base import TaskContext
     from swarmd.tasks.registry import resolve_task
 
+    use_task_resolver(resolve_task)
     torch.set_num_threads(threads)
     config = load_config(environ={}, assignments=[f"task.data.path={data_path}", "task.eval_every_epochs=0"])
     task = resolve_task("swin")(

@@ -7,7 +7,7 @@ interleaved:
   libp2p connection through each side's p2pd), 64 kB writes as hivemind's parts;
 - hivemind state download: `load_state_from_peers` of a `DecentralizedAverager` holding fp32 tensors of that size
   (what a plain hivemind joiner does), protobuf parts of 64 kB through the same p2pd;
-- swarmd state download: the same with swarmd's state stream (swarm/state_stream.py): the tensors' raw bytes on
+- swarmd state download: the same with swarmd's state stream (swarm/upstream/state_stream.py): the tensors' raw bytes on
   one stream, read into shared memory.
 Each ratio divides by the row above (or by the p2pd stream's) in the same repeat.
 
@@ -98,7 +98,7 @@ def state_download_seconds(size: int, streamed: bool) -> float:
     from hivemind import DHT
     from hivemind.averaging import DecentralizedAverager
 
-    from swarmd.swarm.state_stream import DownloadsState
+    from swarmd.swarm.upstream.state_stream import DownloadsState
 
     class StreamingAverager(DownloadsState, DecentralizedAverager):
         pass

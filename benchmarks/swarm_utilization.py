@@ -36,7 +36,7 @@ STRATEGIES = {
     # local updates every step, parameters averaged every k global epochs
     "local1": {"use_local_updates": True, "average_state_every": 1},
     "local5": {"use_local_updates": True, "average_state_every": 5},
-    # sync with hivemind 1.1.12's matchmaking (swarm/averager_pace.py): groups assembled at the scheduled time only,
+    # sync with hivemind 1.1.12's matchmaking (swarm/upstream/averager_pace.py): groups assembled at the scheduled time only,
     # then also with its back-to-back reads and per-tensor declarations
     "sync-scheduled": {"average_state_every": 10, "averager_opts": {"assemble_when_triggered": False}},
     "sync-unpaced": {"average_state_every": 10, "averager_opts": {

@@ -69,7 +69,7 @@ STRATEGIES = {
     "local": {"use_local_updates": True, "average_state_every": 5},
 }
 # diloco-overlap: the pseudo-gradient goes out --diloco-overlap-steps before the H-th inner step (Streaming DiLoCo);
-# -8bit: and on the wire in 8 bits (blockwise8, swarm/quantization.py) instead of fp16, as INTELLECT-1 sends its
+# -8bit: and on the wire in 8 bits (blockwise8, swarm/upstream/quantization.py) instead of fp16, as INTELLECT-1 sends its
 # pseudo-gradients in int8: half the seconds on a slow link, so the same overlap hides a round twice as long
 # -nice: and hivemind's processes at nice 10 (daemon.background_priority): an overlapped round's CPU work then
 # yields the peer's one core to the inner steps, and the overlap hides the round's longer time
@@ -551,8 +551,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 def prepare_data(data: str) -> None:
     """Generate the shared image folder once, before peers race to do it."""
     from swarmd.config import load_config
+    from swarmd.config.task_resolver import use_task_resolver
+    from swarmd.tasks.registry import resolve_task
     from swarmd.tasks.swin.generated import ensure_generated_folder
 
+    use_task_resolver(resolve_task)
     generated = load_config(environ={}).task.settings.data.generated
     ensure_generated_folder(Path(data), num_classes=generated.num_classes, train_per_class=generated.train_per_class,
                             val_per_class=generated.val_per_class, image_size=32)

@@ -9,6 +9,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemons import DaemonProcess  # noqa: E402
 
+from swarmd.config.task_resolver import use_task_resolver  # noqa: E402
+from swarmd.tasks.registry import resolve_task  # noqa: E402
+
+use_task_resolver(resolve_task)  # as the CLI does: the tests call swarmd.config.load_config directly
+
 # Keep child processes from fighting over the two cores of a CI box.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -1,4 +1,4 @@
-"""A stand-in for the asyncio.StreamWriter of a p2pd stream, for the tests of swarm/state_stream.py."""
+"""A stand-in for the asyncio.StreamWriter of a p2pd stream, for the tests of swarm/upstream/state_stream.py."""
 
 
 class RecordingWriter:

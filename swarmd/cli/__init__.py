@@ -7,6 +7,7 @@ import sys
 import typer
 
 from swarmd import __version__
+from swarmd.config.task_resolver import use_task_resolver
 from swarmd.errors import ExitCode, SwarmdError
 
 __all__ = ["app", "main"]
@@ -32,6 +33,16 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """Exit codes: 0 ok, 1 failure while running (or no daemon), 2 usage/config error, 3 could not start."""
+
+
+def _resolve_task(name: str) -> type:
+    """The task registry, imported at the first config a command loads (`swarmd status` loads none)."""
+    from swarmd.tasks.registry import resolve_task
+
+    return resolve_task(name)
+
+
+use_task_resolver(_resolve_task)  # config sits below the tasks: its loader finds them through this hook
 
 
 def _register() -> None:

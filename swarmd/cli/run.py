@@ -194,7 +194,7 @@ def _clip(value: Any, limit: int = 80) -> str:
 @contextlib.contextmanager
 def _observer(initial_peers: list[str], run_id: Optional[str]) -> Iterator[Any]:
     """A light-client DHT on the initial peers, stopped on the way out. Its signature validator gets a key of its
-    own: hivemind's process-wide key must stay unset for the daemon that follows (swarm/identity.py)."""
+    own: hivemind's process-wide key must stay unset for the daemon that follows (swarm/upstream/identity.py)."""
     import warnings
 
     with warnings.catch_warnings():  # torch's deprecation notices on import are not the operator's news

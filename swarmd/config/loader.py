@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from swarmd.config.schema import SwarmdConfig
+from swarmd.config.task_resolver import resolve_task_class
 from swarmd.errors import ConfigError
 
 __all__ = ["ENV_PREFIX", "load_config", "parse_assignment", "read_yaml_file"]
@@ -40,7 +41,8 @@ def load_config(
     `flags` maps dotted keys to values from named command-line options; `assignments` are `key=value` strings
     from `--set`. `environ` defaults to os.environ; a SWARMD_CONFIG variable names the file when `path` is None.
     `recorded`: (a config as plain data, where it came from), a layer between the defaults and the file: what
-    `swarmd export` reads from a checkpoint (SwarmdConfig.run_record).
+    `swarmd export` reads from a checkpoint (SwarmdConfig.run_record). The task comes from the resolver the process
+    registered (swarmd.config.task_resolver).
     """
     environ = os.environ if environ is None else environ
     path = path if path is not None else environ.get("SWARMD_CONFIG")
@@ -134,9 +136,7 @@ def _merge(base: dict[str, Any], upper: Mapping[str, Any], sources: dict[str, st
 
 
 def _resolve_task(config: SwarmdConfig, sources: dict[str, str]) -> None:
-    from swarmd.tasks.registry import resolve_task  # local: keeps the registry out of the schema's import graph
-
-    task_cls = resolve_task(config.task.name)
+    task_cls = resolve_task_class(config.task.name)  # the registry the process registered: config imports no task
     try:
         config.task._settings = task_cls.Config.model_validate(config.task.model_extra or {})
     except ValidationError as e:

@@ -174,7 +174,7 @@ class DiLoCoConfig(StrictModel):
 
 class AggregationConfig(StrictModel):
     """How this peer reduces its share of every all-reduce (gradients, parameters, DiLoCo's pseudo-gradients):
-    swarm/robust_aggregation.py, docs/FAULTS.md. Peers need not agree: each reduces its own share its own way."""
+    swarm/upstream/robust_aggregation.py, docs/FAULTS.md. Peers need not agree: each reduces its own share its own way."""
 
     method: Literal["mean", "centered_clip"] = Field(
         "centered_clip",
@@ -312,7 +312,7 @@ class SwarmConfig(StrictModel):
     load_state_compression: Compression = Field("none", description="Wire format for state downloads.")
     state_stream: bool = Field(
         True,
-        description="Download the swarm's state as raw tensor bytes on one libp2p stream (swarm/state_stream.py; "
+        description="Download the swarm's state as raw tensor bytes on one libp2p stream (swarm/upstream/state_stream.py; "
         "3.6x faster than hivemind's protobuf parts on loopback), from the peers that serve it; false: hivemind's RPC "
         "from every peer. Either way this peer serves both. docs/PERFORMANCE.md section 5.",
     )
@@ -356,7 +356,7 @@ class SwarmConfig(StrictModel):
         "declare_interval (seconds that changes to the state declaration coalesce; default 1) and "
         "assemble_when_triggered (a leader starts its gradient round once it is due and someone follows; default "
         "true for the gradient averager only); "
-        "0 / false: hivemind's behaviour (swarm/averager_pace.py).",
+        "0 / false: hivemind's behaviour (swarm/upstream/averager_pace.py).",
     )
     tracker_opts: dict[str, Any] = Field(
         default_factory=dict,

@@ -186,7 +186,7 @@ class Daemon:
         """On the main thread, by hivemind's rule; it also resets SIGINT, so the handlers are installed again."""
         from swarmd.swarm.averaging_log import AveragingLog
         from swarmd.swarm.priority import background_priority
-        from swarmd.swarm.strategy import build_swarm_optimizer, strategy_of
+        from swarmd.swarm.strategies import build_swarm_optimizer, strategy_of
         from swarmd.worker.stats import WorkerStats
 
         averaging_log = AveragingLog()

@@ -22,7 +22,7 @@ class Runtime:
 
     task: Any
     model: Any
-    optimizer: Any  # a built strategy (swarm/strategy.py SwarmStrategy)
+    optimizer: Any  # a built strategy (swarm/strategies/ SwarmStrategy)
     stats: Any  # worker/stats.py WorkerStats
     averaging_log: Any  # swarm/averaging_log.py AveragingLog
     ranks: Any = dataclasses.field(default_factory=OneRank)  # ranks/local.py LocalRanks (training.devices)

@@ -39,14 +39,14 @@ class StateKeeper:
 
         from swarmd.checkpoints.store import CheckpointStore
         from swarmd.swarm.averager_keys import averager_prefix
-        from swarmd.swarm.upstream_names import UpstreamRpcNames
-        from swarmd.swarm.state_stream import DownloadsState
-        from swarmd.swarm.strategy import strategy_of
+        from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
+        from swarmd.swarm.upstream.state_stream import DownloadsState
+        from swarmd.swarm.strategies import strategy_of
         from swarmd.tasks.registry import build_task_for_the_model
 
         class _Downloader(UpstreamRpcNames, DownloadsState, DecentralizedAverager):
             _upstream = TrainingStateAverager  # the name the peers' state averagers serve downloads under
-            # (and DownloadsState: by the peers' state stream, swarm/state_stream.py, where they serve it)
+            # (and DownloadsState: by the peers' state stream, swarm/upstream/state_stream.py, where they serve it)
 
         self.config, self.timeout = config, timeout
         self.task = build_task_for_the_model(config)

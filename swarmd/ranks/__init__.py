@@ -11,6 +11,9 @@ the mean to hivemind. See docs/RANKS.md for the protocol and how the daemon driv
 - `step_sync`    the per-step protocol every rank runs (control, parameter sync, gradient averaging, checksums)
 - `compute_rank` the main loop of ranks >= 1 (`python -m swarmd.ranks.compute_rank`)
 - `rank_stats`   per-rank samples/s and CUDA memory for status and metrics
+- `precision`    autocast and fp16 loss scaling (the worker's and the compute ranks')
+- `batches`      a batch moved to a rank's device
 
-Every module here imports torch only inside functions. The schema's device-name checks are swarmd/config/devices.py.
+Every module here but `precision` imports torch only inside functions. The schema's device-name checks are
+swarmd/config/devices.py.
 """

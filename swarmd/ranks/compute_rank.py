@@ -81,7 +81,10 @@ def load_rank_config(path: str):
     """The daemon's effective config (SwarmdConfig.to_dict() as JSON), validated again in this process. Not through
     the YAML reader: YAML 1.1 reads JSON's 1e-08 as a string."""
     from swarmd.config.loader import load_config
+    from swarmd.config.task_resolver import use_task_resolver
+    from swarmd.tasks.registry import resolve_task
 
+    use_task_resolver(resolve_task)  # this process's own: the config layer does not import the tasks
     data = json.loads(Path(path).read_text())
     return load_config(None, environ={}, flags=data)  # top-level keys as the highest layer: exactly this config
 
@@ -162,8 +165,8 @@ def _build_replica(config, *, rank: int, world_size: int, device: str, init_seed
     """(task, model, precision) of this rank: the task and model from the same config and init seed as rank 0's."""
     import torch
 
+    from swarmd.ranks.precision import make_precision
     from swarmd.tasks.registry import build_task
-    from swarmd.worker.precision import make_precision
 
     if threads:
         torch.set_num_threads(threads)
@@ -184,10 +187,10 @@ def _build_replica(config, *, rank: int, world_size: int, device: str, init_seed
 
 def _step_with_rank_0(task, model, precision, *, rank: int, world_size: int, where: str) -> int:
     """In the process group: step whenever rank 0 says so, until it says stop; returns the steps taken."""
+    from swarmd.ranks.batches import move_to_device
     from swarmd.ranks.layout import rank_data_seed
     from swarmd.ranks.step_sync import StepSync, share_data_seed
     from swarmd.seeds import seed_own_generators
-    from swarmd.worker.batches import move_to_device
 
     device = task.context.device
     data_seed = share_data_seed(None, rank=rank, device=device)

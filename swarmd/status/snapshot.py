@@ -173,7 +173,7 @@ class Snapshot:
     eta_seconds: Optional[float] = None
     state_loads_total: int = 0
     # senders this peer's share of the all-reduces clipped as outliers, one per sender and round
-    # (swarm/robust_aggregation.py): the evidence against a peer that lies
+    # (swarm/upstream/robust_aggregation.py): the evidence against a peer that lies
     outliers_clipped_total: int = 0
     # peers this one excluded on evidence (swarm/exclusion.py ExcludedPeer each: peer_id, reason, since, until,
     # clipped_rounds, rounds_seen, capped_claims, exclusions), exclusions made by reason, refusals of them by place

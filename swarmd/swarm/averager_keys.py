@@ -2,7 +2,7 @@
 
 An averager's prefix names its DHT keys (`{prefix}.0b` for matchmaking, `{prefix}.all_averagers` for who offers its
 state) and its RPC and stream handlers. The strategies build their averagers with these suffixes, and the private
-swarm's gates (swarm/record_gate.py) guard every one of them: a suffix spelled in two places drifted once, and a
+swarm's gates (swarm/upstream/record_gate.py) guard every one of them: a suffix spelled in two places drifted once, and a
 private DiLoCo swarm's state averager went unguarded (issue 30).
 
 No torch or hivemind import: the monitor and the config side read this too.
@@ -31,7 +31,7 @@ def averager_prefix(run_id: str, suffix: str) -> str:
     return f"{run_id}{suffix}"
 
 
-# DiLoCo's outer rounds matchmake under group bits of their outer step (swarm/diloco.py), so that peers of different
+# DiLoCo's outer rounds matchmake under group bits of their outer step (swarm/strategies/diloco_optimizer.py), so that peers of different
 # steps never form a group: their matchmaking key is `{prefix}.0b` followed by this many bits. The others use none.
 GROUP_BITS = {DILOCO_OUTER: 8}
 

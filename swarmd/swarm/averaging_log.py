@@ -36,7 +36,7 @@ class RoundTimeline:
 
     @classmethod
     def of(cls, control, ended_at: Optional[float] = None) -> Optional["RoundTimeline"]:
-        """The timeline of a finished round from its StepControl (stamped by swarm/partial_rounds.py); None for
+        """The timeline of a finished round from its StepControl (stamped by swarm/upstream/partial_rounds.py); None for
         a round that had no control."""
         if control is None:
             return None

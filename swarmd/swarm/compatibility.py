@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from swarmd.errors import ConfigError
 from swarmd.swarm.digests import parameter_digest
-from swarmd.swarm.strategy import STRATEGIES, strategy_of
+from swarmd.swarm.strategies import STRATEGIES, strategy_of
 
 __all__ = [
     "PROTOCOL_VERSION",

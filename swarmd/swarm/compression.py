@@ -10,7 +10,7 @@ __all__ = ["make_compression"]
 def make_compression(name: str, field: str):
     import hivemind.compression as hc
 
-    from swarmd.swarm.quantization import Blockwise8Bit, Quantile8Bit, Uniform8Bit, register_fixed_quantizers
+    from swarmd.swarm.upstream.quantization import Blockwise8Bit, Quantile8Bit, Uniform8Bit, register_fixed_quantizers
 
     # whatever this peer sends, it must decode the 8-bit parts other peers send (before the averagers fork)
     register_fixed_quantizers()

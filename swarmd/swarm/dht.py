@@ -107,7 +107,7 @@ def stop_dht(dht, timeout: float = 10.0) -> None:
 
 
 def _launch(**kwargs):
-    from swarmd.swarm.dht_process import ToleratesExitedCallers
+    from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 
     identity = kwargs.get("identity_path")
     if identity is not None and _created_here(identity):
@@ -117,7 +117,7 @@ def _launch(**kwargs):
 
 
 def _created_here(identity: str) -> bool:
-    from swarmd.swarm.identity import created_here
+    from swarmd.swarm.upstream.identity import created_here
 
     return created_here(Path(identity))
 

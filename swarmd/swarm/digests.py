@@ -1,7 +1,7 @@
 """Digests of tensors' bytes and of a model's parameters: equal for equal values, and only then.
 
 The model's architecture fingerprint (swarm/compatibility.py), the values a peer started from
-(swarm/initial_state.py) and a DiLoCo peer's outer state at the first outer step (swarm/outer_round.py).
+(swarm/initial_state.py) and a DiLoCo peer's outer state at the first outer step (swarm/upstream/outer_round.py).
 """
 
 from __future__ import annotations

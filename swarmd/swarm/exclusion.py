@@ -2,14 +2,14 @@
 more samples than is plausible, is excluded by this peer for a growing time.
 
 The evidence:
-- `clipped`: every swarmd averager's share of an all-reduce (swarm/robust_aggregation.py) reports, per round, each
+- `clipped`: every swarmd averager's share of an all-reduce (swarm/upstream/robust_aggregation.py) reports, per round, each
   sender and whether it was clipped as an outlier there: rounds of three or more senders, and of two when this peer
   is one of them (its own part the reference, robust_aggregation.py PAIR_OUTLIER_RATIO); another pair reports only
   a non-finite part (nobody can be told apart). A sender is excluded once it was clipped in at least `rounds`
   rounds within `window` seconds AND in more than `share` of the rounds it sent to this peer's share in that
   window: a liar is clipped in every round, an honest peer seldom and never in most (one clipped part, or a rare
   bad round in a long run, is no evidence).
-- `returned`: the receiver checks the average each reducer returns for its share (swarm/robust_aggregation.py
+- `returned`: the receiver checks the average each reducer returns for its share (swarm/upstream/robust_aggregation.py
   RETURN_RATIO) and refuses an implausible one; a reducer refused in at least `rounds` rounds within `window` is
   excluded (an honest reducer returns a weighted mean of what it was sent: never 100x off).
 - `claims`: the progress tracker caps each other peer's claimed samples and samples/s (swarm/claims.py); a peer

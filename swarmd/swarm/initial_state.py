@@ -43,7 +43,7 @@ def start_values(model, epoch: int) -> str:
 def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
     """Other peers offering their state: base58 peer id -> priority (their local epoch). {} if none or unreadable.
     In a private swarm, insiders only, and never a peer excluded on evidence (state_stream.state_offers)."""
-    from swarmd.swarm.state_stream import state_offers
+    from swarmd.swarm.upstream.state_stream import state_offers
 
     averager = optimizer.state_averager
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["KINDS", "OUTCOMES", "OUTCOME_MEANING", "FAILED_OUTCOMES", "outcome_help"]
 
-KINDS = ("gradients", "state", "outer")  # outer: a DiLoCo round of pseudo-gradients (swarm/diloco.py)
+KINDS = ("gradients", "state", "outer")  # outer: a DiLoCo round of pseudo-gradients (swarm/strategies/diloco_optimizer.py)
 
 # outcome -> what it means for this peer's step
 OUTCOME_MEANING = {

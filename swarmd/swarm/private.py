@@ -1,9 +1,9 @@
 """A private swarm (`network.allowed_peers`): the extension that sets the gates up and reloads the list on SIGHUP.
 
 At start, before the DHT and the averagers exist (they are forked from this process and inherit what it sets):
-this peer's identity key becomes hivemind's signing key (swarm/identity.py), the list is published to the state dir
+this peer's identity key becomes hivemind's signing key (swarm/upstream/identity.py), the list is published to the state dir
 and installed as the process's allow list (swarm/allowlist.py), and the DHT gets the record validator
-(swarm/record_gate.py); the averagers' handlers check the installed list (swarm/averager_gate.py). Anything that
+(swarm/upstream/record_gate.py); the averagers' handlers check the installed list (swarm/upstream/averager_gate.py). Anything that
 fails here stops the daemon with a config error: a private swarm must never fall back to an open one.
 
 On SIGHUP the list is read again (a file setting; an inline list stays as it is) and published; a list that no
@@ -44,8 +44,8 @@ class PrivateSwarm(Extension):
     async def start(self, view: DaemonView) -> None:
         from swarmd.swarm import allowlist
         from swarmd.swarm.dht import IDENTITY_FILE
-        from swarmd.swarm.identity import load_or_create_identity
-        from swarmd.swarm.record_gate import AllowListValidator
+        from swarmd.swarm.upstream.identity import load_or_create_identity
+        from swarmd.swarm.upstream.record_gate import AllowListValidator
 
         config = view.config
         peers = self._read()

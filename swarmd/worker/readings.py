@@ -19,14 +19,14 @@ def epoch_readings(optimizer, precision, device: torch.device) -> WorkerReadings
     global step's gradient norm, at the optimizer's local epoch (`epoch`).
 
     `optimizer`: hivemind.Optimizer (its param_groups are the inner optimizer's, which the LR schedule steps once
-    per global epoch); `precision`: the worker's swarmd.worker.precision mode, None on an auxiliary peer.
+    per global epoch); `precision`: the worker's swarmd.ranks.precision mode, None on an auxiliary peer.
     """
     scale = precision.loss_scale() if precision is not None else None
     return WorkerReadings(
         epoch=getattr(optimizer, "local_epoch", None),
         learning_rates=tuple(float(group["lr"]) for group in optimizer.param_groups),
         loss_scale=float(scale) if scale is not None else None,
-        # swarm/optimizer.py: the norm of the gradient the last global step used (None before it, or without one)
+        # swarm/upstream/optimizer.py: the norm of the gradient the last global step used (None before it, or without one)
         grad_norm=getattr(optimizer, "last_grad_norm", None),
         cuda_memory=cuda_memory([device]),
     )

@@ -2,7 +2,7 @@
 
 The daemon's event loop never blocks on training; this thread never touches the loop. It:
 - catches up with the swarm at start (bounded state download), then trains step after step;
-- runs forward under autocast for bf16/fp16 and scales the loss for fp16 (swarmd.worker.precision);
+- runs forward under autocast for bf16/fp16 and scales the loss for fp16 (swarmd.ranks.precision);
 - keeps NaN/Inf steps out of the swarm, and restores the last good parameters if a global step made them
   non-finite;
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
@@ -24,12 +24,12 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from swarmd.ranks.batches import move_to_device
 from swarmd.ranks.local import OneRank
+from swarmd.ranks.precision import make_precision
 from swarmd.ranks.step_sync import RankFailure
 from swarmd.seeds import peer_data_seed  # re-exported: its callers knew it here
-from swarmd.swarm.optimizer import StateLoadFailed
-from swarmd.worker.batches import move_to_device
-from swarmd.worker.precision import make_precision
+from swarmd.swarm.upstream.peer_parts import StateLoadFailed
 from swarmd.worker.stats import WorkerStats
 from swarmd.worker.threads import use_threads_in_this_thread
 
@@ -406,7 +406,7 @@ class TrainingWorker:
         if self._stop.is_set():
             return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet
         if self.optimizer.catching_up:
-            # DiLoCo took the swarm's epoch ahead of its state (swarm/diloco.py _catch_up_by_averaging): the state
+            # DiLoCo took the swarm's epoch ahead of its state (swarm/strategies/diloco_optimizer.py _catch_up_by_averaging): the state
             # is the swarm's only after this round; neither evaluate nor save it under this epoch's name
             return
         every = self.task.eval_every_epochs

@@ -1,4 +1,4 @@
-"""swarm/dht_process.py on a real DHT: a request from a process that exited before the DHT read it is dropped
+"""swarm/upstream/dht_process.py on a real DHT: a request from a process that exited before the DHT read it is dropped
 quietly, and the DHT goes on answering (the race an averager's exit at shutdown runs into)."""
 
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 SCENARIO = """
 import multiprocessing as mp, os, signal, sys, time
 import hivemind
-from swarmd.swarm.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 
 def send_and_exit(dht):
     dht.get("some-key", return_future=True)  # carries this process's reply pipe

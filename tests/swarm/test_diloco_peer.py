@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import SwarmdConfig
-from swarmd.swarm.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 from swarmd.tasks.base import StepOutput
 from probe_task import ProbeTask, make_probe, probe_model
 
@@ -61,7 +61,7 @@ def _config(run_id: str, **swarm) -> SwarmdConfig:
 
 def _peer(dht, tmp_path, run_id: str, target_scale: float = 1.0, model=None, **swarm):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     task = make_probe(_Probe, tmp_path, BATCH)
     task.target_scale = target_scale
@@ -149,12 +149,12 @@ def test_a_lone_peer_says_it_is_alone_once_at_info_not_a_warning_each_outer_step
     """A solo run is normal (sync says so at info): one line when the peer finds itself alone, none per step."""
     task, model, optimizer, log = _peer(dht, tmp_path, "diloco-alone-log")
     try:
-        with caplog.at_level("INFO", logger="swarmd.swarm.diloco"):
+        with caplog.at_level("INFO", logger="swarmd.swarm.strategies.diloco_optimizer"):
             _train(task, model, optimizer, range(3 * H))
         assert optimizer.local_epoch == 3
-        lone = [r for r in caplog.records if r.name == "swarmd.swarm.diloco" and "alone in the swarm" in r.getMessage()]
+        lone = [r for r in caplog.records if r.name == "swarmd.swarm.strategies.diloco_optimizer" and "alone in the swarm" in r.getMessage()]
         assert [r.levelname for r in lone] == ["INFO"], [(r.levelname, r.getMessage()) for r in lone]
-        assert not [r for r in caplog.records if r.name == "swarmd.swarm.diloco" and r.levelno >= 30]
+        assert not [r for r in caplog.records if r.name == "swarmd.swarm.strategies.diloco_optimizer" and r.levelno >= 30]
     finally:
         optimizer.shutdown()
 
@@ -424,8 +424,8 @@ def test_a_round_that_returned_part_of_the_average_is_partial_not_a_success(dht,
     import time
     from concurrent.futures import Future
 
-    from swarmd.swarm.outer_round import SentRound
-    from swarmd.swarm.partial_rounds import GatheredRound
+    from swarmd.swarm.upstream.outer_round import SentRound
+    from swarmd.swarm.upstream.partial_rounds import GatheredRound
 
     _, _, optimizer, _ = _peer(dht, tmp_path, "diloco-partial")
     try:

@@ -10,11 +10,11 @@ import torch
 
 def test_the_drift_is_the_distance_from_the_average_over_its_norm(dht):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.optimizer import _ObservedStateAverager
+    from swarmd.swarm.upstream.state_averager import ObservedStateAverager
 
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3)
-    averager = _ObservedStateAverager(
+    averager = ObservedStateAverager(
         averaging_log=AveragingLog(), on_state_loaded=lambda: None, dht=dht, prefix="drift-test",
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1), params=model.parameters(), start=False,
     )

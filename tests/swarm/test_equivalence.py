@@ -19,7 +19,7 @@ Why without pre-scheduled averaging: hivemind starts a pre-scheduled round befor
 epoch ends right after each step, and in about half of the runs on a loaded 2-core box one round then completed
 with a part missing ("Averaging: received 99.8% results": hivemind counts it a success, and that part is left
 un-averaged), which an exactness check cannot accept. Formed at the step instead, every round was complete in all
-runs measured. (This mode skipped every second round until swarm/optimizer.py cleared finished rounds.)
+runs measured. (This mode skipped every second round until swarm/upstream/optimizer.py cleared finished rounds.)
 
 Tolerance: float32 sums the two half-batch gradients in another order than the single 2b-row backward pass, so the
 trajectories differ by rounding only (measured 2-3e-7 in the losses, 2e-6 to 1e-5 in the final parameters). A missing or
@@ -106,7 +106,7 @@ def averaged_together(status) -> bool:
 
 def test_two_peers_match_one_process_with_the_union_batch(daemons, test_tasks_env, tmp_path):
     """A round that came back in part (a reducer late under the machine's load: seen in CI once, 11.3 % of one
-    epoch's average missing) leaves that epoch on local gradients, as it should (swarm/partial_rounds.py), and such
+    epoch's average missing) leaves that epoch on local gradients, as it should (swarm/upstream/partial_rounds.py), and such
     a run cannot be compared with the single process. It is run again, in a run of its own, once."""
     for attempt in range(2):
         workdir = tmp_path / f"attempt-{attempt}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from swarmd.swarm.averaging_log import AveragingLog
-from swarmd.swarm.optimizer import SwarmOptimizer
+from swarmd.swarm.upstream.optimizer import SwarmOptimizer
 
 
 class _AveragerThatCannotStart(RuntimeError):
@@ -81,7 +81,7 @@ def test_a_tracker_whose_dht_read_fails_leaves_no_unraisable(dht, unraisables, m
 
 
 def test_a_failed_outer_averager_shuts_down_the_diloco_peers_state_averager(dht, unraisables, monkeypatch):
-    from swarmd.swarm import diloco
+    from swarmd.swarm.strategies import diloco_optimizer as diloco
 
     built = []
     original_init = diloco.DiLoCoOptimizer.__init__

@@ -39,7 +39,7 @@ def _clipped(grads, max_norm):
 @pytest.mark.parametrize("clip", [CLIP, None])
 def test_each_local_step_is_clipped_before_the_epochs_mean(dht, tmp_path, clip):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     config = SwarmdConfig.model_validate({
         "run_id": f"clip-{clip is not None}",

@@ -1,4 +1,4 @@
-"""Peers that lie, against robust aggregation (swarmd/swarm/robust_aggregation.py, docs/FAULTS.md).
+"""Peers that lie, against robust aggregation (swarmd/swarm/upstream/robust_aggregation.py, docs/FAULTS.md).
 
 - One all-reduce: two swarmd averagers (DiLoCo's outer averager, the same base as the gradient and state averagers)
   and a plain hivemind averager that sends x -1000 its honest tensors, over three DHTs on 127.0.0.1. With
@@ -14,14 +14,14 @@ import statistics
 import pytest
 import torch
 
-from swarmd.swarm.robust_aggregation import Aggregation
+from swarmd.swarm.upstream.robust_aggregation import Aggregation
 
 SIZE = 50_000  # two parts per honest reducer at hivemind's default part size: the reducer's part loop runs
 
 
 @pytest.fixture(scope="module")
 def dhts():
-    from swarmd.swarm.dht_process import ToleratesExitedCallers
+    from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 
     loopback = ["/ip4/127.0.0.1/tcp/0"]
     first = ToleratesExitedCallers(start=True, host_maddrs=loopback)
@@ -40,7 +40,7 @@ def _round(dhts, method: str):
     """One all-reduce of the three; returns (honest mean, honest results, signal, group sizes)."""
     from hivemind.averaging import DecentralizedAverager
 
-    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
 
     generator = torch.Generator().manual_seed(0)
     signal = torch.randn(SIZE, generator=generator)
@@ -89,8 +89,8 @@ def test_the_plain_mean_follows_the_liar(dhts):
 
 def _lying_reducer_types():
     """An OuterAverager whose reducer returns x1000 the average of its share (issue 34 item 2: a reducer lies)."""
-    from swarmd.swarm.outer_round import OuterAverager
-    from swarmd.swarm.robust_aggregation import CenteredClipReducer, RobustAllReduceRunner
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+    from swarmd.swarm.upstream.robust_aggregation import CenteredClipReducer, RobustAllReduceRunner
 
     class LyingReducer(CenteredClipReducer):
         async def accumulate_part(self, *args, **kwargs):
@@ -113,7 +113,7 @@ def _lying_reducer_types():
 def _round_with_a_lying_reducer(dhts, prefix: str):
     """One all-reduce of three swarmd averagers, the third a reducer that returns x1000 the average of its share:
     (the honest peers' results, their groups, their own tensors, the three's mean, the signal)."""
-    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
 
     generator = torch.Generator().manual_seed(1)
     signal = torch.randn(SIZE, generator=generator)
@@ -142,7 +142,7 @@ def _round_with_a_lying_reducer(dhts, prefix: str):
 def test_a_reducer_that_returns_x1000_the_average_is_refused_by_the_receivers(dhts):
     """Each honest receiver refuses the lying reducer's averages (robust_aggregation.py RETURN_RATIO): it keeps its
     own values in that share, the round is partial (about a third missing), the rest is the honest reduction."""
-    from swarmd.swarm.partial_rounds import missing_share
+    from swarmd.swarm.upstream.partial_rounds import missing_share
 
     results, groups, own, mean, signal = _round_with_a_lying_reducer(dhts, "lying-reducer")
     for result, group, tensor in zip(results, groups, own):

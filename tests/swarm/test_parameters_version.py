@@ -22,7 +22,7 @@ class _Tiny(ProbeTask):
 
 @pytest.fixture
 def dht():  # one per mode, the daemon's DHT class: a mode's averagers shutting down must not reach the next mode
-    from swarmd.swarm.dht_process import ToleratesExitedCallers
+    from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 
     node = ToleratesExitedCallers(start=True)
     yield node
@@ -40,7 +40,7 @@ def dht():  # one per mode, the daemon's DHT class: a mode's averagers shutting 
 )
 def test_every_write_of_the_parameters_changes_the_version(dht, tmp_path, mode, swarm):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     config = SwarmdConfig.model_validate(
         {"run_id": f"params-version-{abs(hash(mode))}", "swarm": {"target_batch_size": 2 * BATCH, "matchmaking_time": 1.0, **swarm}}

@@ -1,4 +1,4 @@
-"""A sync gradient round that returned only part of the average (swarm/partial_rounds.py) is not a success: the
+"""A sync gradient round that returned only part of the average (swarm/upstream/partial_rounds.py) is not a success: the
 peer steps on its own gradient and the group averages its state at the epoch's end, so its members hold one model
 again. And a round that failed falls back to the gradient this peer contributed, not to the zeros that hivemind's
 fallback reloads from accumulators its round had already reset.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import SwarmdConfig
-from swarmd.swarm.partial_rounds import GatheredRound
+from swarmd.swarm.upstream.partial_rounds import GatheredRound
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -26,7 +26,7 @@ class _Probe(ProbeTask):
 
 def _optimizer(dht, tmp_path, run_id: str, **swarm):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     config = SwarmdConfig.model_validate({
         "run_id": run_id,

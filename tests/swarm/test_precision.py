@@ -80,7 +80,7 @@ def test_global_step_applies_the_mean_unscaled_gradient(dht, tmp_path, precision
 def _worker(dht, tmp_path, config):
     """(model, a copy of its start, the swarm optimizer, the real TrainingWorker) for `config` on one in-process peer."""
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
     from swarmd.worker.stats import WorkerStats
     from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 

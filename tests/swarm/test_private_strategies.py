@@ -18,10 +18,10 @@ from hivemind.utils import MSGPackSerializer
 
 from swarmd.config.schema import SwarmdConfig
 from swarmd.swarm import allowlist, averager_keys
-from swarmd.swarm.averager_gate import AdmitsAllowedPeers
-from swarmd.swarm.dht_process import ToleratesExitedCallers
-from swarmd.swarm.record_gate import AllowListValidator
-from swarmd.swarm.strategy import strategy_of
+from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.record_gate import AllowListValidator
+from swarmd.swarm.strategies import strategy_of
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -47,7 +47,7 @@ def insider_config(run_id: str, strategy: str) -> SwarmdConfig:
 
 def _optimizer(dht, tmp_path, run_id: str, strategy: str):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     config = insider_config(run_id, strategy)
     task = make_probe(_Probe, tmp_path, BATCH)
@@ -55,14 +55,14 @@ def _optimizer(dht, tmp_path, run_id: str, strategy: str):
 
 
 def _protocol_members() -> list[str]:
-    from swarmd.swarm.strategy import SwarmStrategy
+    from swarmd.swarm.strategies import SwarmStrategy
 
     defined = [name for name in vars(SwarmStrategy) if not name.startswith("_")]
     return sorted(set(SwarmStrategy.__annotations__) | set(defined))
 
 
 def _averagers(optimizer) -> list:
-    parts = (optimizer.__dict__.get(name) for name in optimizer._running_parts)
+    parts = (optimizer.__dict__.get(name) for name in optimizer._RUNNING_PARTS)
     return [part for part in parts if isinstance(part, DecentralizedAverager)]
 
 
@@ -121,12 +121,12 @@ def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tm
         assert allow_list.refusals()["state_source"] >= 1
 
         # the outsider, asking the insider for its state, is refused, and told why and what to do
-        from swarmd.swarm.optimizer import StateRefused
+        from swarmd.swarm.upstream.peer_parts import StateRefused
 
         _wait_for(lambda: _offers(outsider_dht, key, insider_dht.peer_id), "the insider's offer of its state")
         expected = rf"this peer \({outsider_dht.peer_id}\) must be on network.allowed_peers"
         with pytest.raises(StateRefused, match=expected):
-            outsider._download_state_bounded()
+            outsider.downloads.download(outsider.state_averager)
         assert allow_list.refusals()["download_state"] >= 1
 
         # listed, the outsider is asked: the same download goes through

@@ -13,7 +13,7 @@ hivemind = pytest.importorskip("hivemind")
 
 from hivemind.utils import get_dht_time  # noqa: E402
 
-from swarmd.swarm.progress import ThrottledProgressTracker  # noqa: E402
+from swarmd.swarm.upstream.progress import ThrottledProgressTracker  # noqa: E402
 
 
 class CountingDHT:

@@ -440,7 +440,7 @@ def test_cuda_two_gpu_ranks_over_nccl_average_like_one_rank(plugin_site, tmp_pat
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; torch.cuda.is_available() is False")
 def test_cuda_pinned_batches_reach_the_gpu_intact_with_non_blocking_copies():
-    from swarmd.worker.batches import move_to_device as _to_device
+    from swarmd.ranks.batches import move_to_device as _to_device
 
     batch = {"x": torch.randn(64, 16).pin_memory(), "y": [torch.arange(64).pin_memory()]}
     moved = _to_device(batch, torch.device("cuda:0"))

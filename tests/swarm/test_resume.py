@@ -77,7 +77,7 @@ def _train(dht, tmp_path, directory, steps, *, resume=False, leave_out=()):
     from swarmd.daemon.checkpointer import Checkpointer
     from swarmd.seeds import init_seed, peer_data_seed, seed_everything
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
     from swarmd.worker.stats import WorkerStats
     from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
@@ -145,7 +145,7 @@ def test_a_resumed_peer_offers_its_state_at_its_epoch_at_once(dht, tmp_path):
     from swarmd.checkpoints.store import Checkpoint
     from swarmd.checkpoints.restore import load_optimizer_state
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     task = _NoisyTask(StrictModel(), TaskContext(tmp_path, torch.device("cpu"), "fp32", BATCH, SEED))
     model = task.build_model()

@@ -1,4 +1,4 @@
-"""A state download by swarmd's state stream (swarm/state_stream.py), between real averagers on real p2pd daemons:
+"""A state download by swarmd's state stream (swarm/upstream/state_stream.py), between real averagers on real p2pd daemons:
 the joiner takes the donor's exact tensors and metadata by the stream alone, and from a peer without the stream (plain
 hivemind) by hivemind's RPC."""
 
@@ -11,9 +11,9 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
-from swarmd.swarm.dht_process import ToleratesExitedCallers
-from swarmd.swarm.upstream_names import UpstreamRpcNames
-from swarmd.swarm.state_stream import DownloadsState
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
+from swarmd.swarm.upstream.state_stream import DownloadsState
 
 pytestmark = pytest.mark.timeout(180)
 

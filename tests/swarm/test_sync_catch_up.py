@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import SwarmdConfig
-from swarmd.swarm.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -41,7 +41,7 @@ def _peer(
     refresh_parameters: bool = True, **tracker_opts,
 ):
     from swarmd.swarm.averaging_log import AveragingLog
-    from swarmd.swarm.strategy import build_swarm_optimizer
+    from swarmd.swarm.strategies import build_swarm_optimizer
 
     config = SwarmdConfig.model_validate(
         {
@@ -255,7 +255,7 @@ def _refresh_then_state_round(dht, tmp_path) -> Optional[str]:
     """Asserts on a run whose two peers kept their states until the state round; else says what reloaded."""
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarmd.swarm.optimizer import CATCHING_UP_WEIGHT
+    from swarmd.swarm.upstream.peer_parts import CATCHING_UP_WEIGHT
 
     other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
     swarm = _peer(dht, tmp_path, True, catch_up_by_averaging=None, task_class=_AdamProbe)

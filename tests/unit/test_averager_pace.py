@@ -1,4 +1,4 @@
-"""swarm/averager_pace.py: matchmaking reads the DHT at a pace, and one all-reduce's wake-ups make one declaration.
+"""swarm/upstream/averager_pace.py: matchmaking reads the DHT at a pace, and one all-reduce's wake-ups make one declaration.
 
 Each test runs hivemind's own loop (`PotentialLeaders.pop_next_leader` and `_update_queue_periodically`, the
 averager's declaration loop) against a fake DHT that counts requests, upstream's way and swarmd's side by side."""
@@ -14,7 +14,7 @@ from hivemind.averaging.matchmaking import PotentialLeaders
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from swarmd.swarm.averager_pace import PacedAverager, PacedPotentialLeaders, poll_interval
+from swarmd.swarm.upstream.averager_pace import PacedAverager, PacedPotentialLeaders, poll_interval
 
 OWN, OTHER = PeerID(b"own-peer-id-bytes"), PeerID(b"other-peer-bytes")
 
@@ -209,12 +209,13 @@ def test_zero_interval_is_upstreams_loop():
 
 
 def test_every_swarmd_averager_gets_paced_leaders_when_upstream_builds_its_matchmaking():
-    from swarmd.swarm.diloco_state import DiLoCoStateAverager
-    from swarmd.swarm.optimizer import _AdmittingGradientAverager, _GradientAveragerKeepingOwn, _ObservedStateAverager
-    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.upstream.diloco_state import DiLoCoStateAverager
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
+    from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
 
-    for averager_type in (DiLoCoStateAverager, _ObservedStateAverager, _AdmittingGradientAverager,
-                          _GradientAveragerKeepingOwn, OuterAverager):
+    for averager_type in (DiLoCoStateAverager, ObservedStateAverager, AdmittingGradientAverager,
+                          GradientAveragerKeepingOwn, OuterAverager):
         assert issubclass(averager_type, PacedAverager), averager_type
         averager = object.__new__(averager_type)  # no process: only the attribute hook is under test
         averager._parent_pid = None  # what upstream's __del__ reads: not this process's averager
@@ -239,14 +240,14 @@ def test_the_default_poll_interval_is_a_tenth_of_the_matchmaking_time_and_a_nega
 def test_only_the_gradient_averager_assembles_when_triggered_unless_told(monkeypatch):
     from hivemind.optim.grad_averager import GradientAverager
 
-    from swarmd.swarm.optimizer import _AdmittingGradientAverager
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
 
     seen = []
     monkeypatch.setattr(GradientAverager, "__init__", lambda self, *args, **kwargs: seen.append(kwargs))
     for opts in ({}, {"assemble_when_triggered": False}):
-        averager = object.__new__(_AdmittingGradientAverager)
+        averager = object.__new__(AdmittingGradientAverager)
         averager._parent_pid = None
-        _AdmittingGradientAverager.__init__(averager, **opts)
+        AdmittingGradientAverager.__init__(averager, **opts)
     assert [kwargs["assemble_when_triggered"] for kwargs in seen] == [True, False]
     # every other averager starts with upstream's scheduled assembly
     assert inspect.signature(PacedAverager.__init__).parameters["assemble_when_triggered"].default is False

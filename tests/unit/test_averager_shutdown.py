@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from hivemind.averaging import DecentralizedAverager
 
-from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
+from swarmd.swarm.upstream.averager_shutdown import FinalizesRunningRoundsAtShutdown
 
 
 class _Runner:
@@ -50,10 +50,11 @@ def test_upstreams_shutdown_dies_on_the_same_rounds():
 
 
 def test_every_swarmd_averager_carries_it():
-    from swarmd.swarm.diloco_state import DiLoCoStateAverager
-    from swarmd.swarm.optimizer import _AdmittingGradientAverager, _GradientAveragerKeepingOwn, _ObservedStateAverager
-    from swarmd.swarm.outer_round import OuterAverager
+    from swarmd.swarm.upstream.diloco_state import DiLoCoStateAverager
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
+    from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
 
-    for averager in (DiLoCoStateAverager, _ObservedStateAverager, _AdmittingGradientAverager,
-                     _GradientAveragerKeepingOwn, OuterAverager):
+    for averager in (DiLoCoStateAverager, ObservedStateAverager, AdmittingGradientAverager,
+                     GradientAveragerKeepingOwn, OuterAverager):
         assert averager._shutdown is FinalizesRunningRoundsAtShutdown._shutdown, averager

@@ -36,7 +36,7 @@ def test_a_rounds_timeline_from_its_control_the_group_and_the_averagers_times():
     from concurrent.futures import Future
 
     from swarmd.swarm.averaging_log import RoundTimeline
-    from swarmd.swarm.partial_rounds import GatheredRound
+    from swarmd.swarm.upstream.partial_rounds import GatheredRound
 
     control = Future()
     control.asked_at = 100.0

@@ -1,5 +1,5 @@
 """Claims checked (swarmd/swarm/claims.py): other peers' samples and samples/s capped to what the swarm makes
-plausible, and the tracker that applies it (swarm/progress.py) before it sums the swarm's progress."""
+plausible, and the tracker that applies it (swarm/upstream/progress.py) before it sums the swarm's progress."""
 
 import math
 import types
@@ -94,7 +94,7 @@ def test_a_stale_solo_rate_beside_newcomers_is_capped_but_no_evidence():
 
 
 def _tracker(own_peer_id, epoch=5, began=BEGAN):
-    from swarmd.swarm.progress import ThrottledProgressTracker
+    from swarmd.swarm.upstream.progress import ThrottledProgressTracker
 
     tracker = ThrottledProgressTracker.__new__(ThrottledProgressTracker)  # the method alone: no DHT, no thread
     tracker.dht = types.SimpleNamespace(peer_id=own_peer_id)
@@ -132,7 +132,7 @@ def test_the_tracker_caps_a_liars_claims_reports_it_and_drops_excluded_peers(exc
 
     from hivemind.p2p import PeerID
 
-    from swarmd.swarm import progress
+    from swarmd.swarm.upstream import progress
 
     monkeypatch.setattr(progress, "get_dht_time", lambda: NOW)
     own, honest, liar, excluded = (PeerID(f"peer-{i}".encode()) for i in range(4))

@@ -117,3 +117,16 @@ def test_effective_config_round_trips(tmp_path):
     again = load_config(write(tmp_path, dumped), environ={})
     assert again.to_dict() == dumped
     assert dumped["task"]["optim"]["betas"] == [0.9, 0.95]
+
+
+def test_the_task_comes_from_the_registered_resolver(monkeypatch):
+    """config imports no task: load_config asks the resolver the process registered (tests/conftest.py, the CLI)."""
+    from swarmd.config import task_resolver
+    from swarmd.tasks.registry import resolve_task
+
+    asked = []
+    monkeypatch.setattr(task_resolver, "_resolver", lambda name: asked.append(name) or resolve_task(name))
+    assert load_config(environ={}).task.settings is not None and asked == ["swin"]
+    monkeypatch.setattr(task_resolver, "_resolver", None)
+    with pytest.raises(RuntimeError, match="no task resolver registered"):
+        load_config(environ={})

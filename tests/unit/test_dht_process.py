@@ -1,10 +1,10 @@
-"""swarm/dht_process.py: a request whose caller's process has exited is dropped; any other reads as sent."""
+"""swarm/upstream/dht_process.py: a request whose caller's process has exited is dropped; any other reads as sent."""
 
 import multiprocessing as mp
 
 import pytest
 
-from swarmd.swarm.dht_process import _RequestPipe
+from swarmd.swarm.upstream.dht_process import _RequestPipe
 
 
 def _raise(error_type):

@@ -245,8 +245,8 @@ def test_an_excluded_peer_is_no_state_source_and_no_leader(tmp_path):
     from hivemind.p2p import PeerID
     from hivemind.utils.timed_storage import ValueWithExpiration
 
-    from swarmd.swarm.averager_pace import _PacedReads
-    from swarmd.swarm.state_stream import state_offers
+    from swarmd.swarm.upstream.averager_pace import _PacedReads
+    from swarmd.swarm.upstream.state_stream import state_offers
 
     own, honest, liar = (PeerID(f"peer-{i}".encode()) for i in range(3))
     listed = ExclusionList(tmp_path / EXCLUDED_FILE)
@@ -266,12 +266,12 @@ def test_an_excluded_peer_is_no_state_source_and_no_leader(tmp_path):
 
 
 def test_each_judged_round_reports_every_other_sender(tmp_path):
-    """What an averager sends after a round of its share (swarm/averager_gate.py): every other sender that sent a
+    """What an averager sends after a round of its share (swarm/upstream/averager_gate.py): every other sender that sent a
     part, with whether it was clipped, from a round of three or more, or of two with this peer one of them (its own
     part the reference); a pair of others only when clipped (a non-finite part); this peer never."""
     from hivemind.p2p import PeerID
 
-    from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+    from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 
     own, honest, liar, silent = (PeerID(f"peer-{i}".encode()) for i in range(4))
     listed = ExclusionList(tmp_path / EXCLUDED_FILE)
@@ -317,7 +317,7 @@ def test_in_a_pair_the_reducer_judges_the_other_sender_by_its_own_part():
     counts the other as an outlier when it is more than PAIR_OUTLIER_RATIO x its own part's norm away."""
     import torch
 
-    from swarmd.swarm.robust_aggregation import Aggregation, CenteredClipReducer, _Sent
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation, CenteredClipReducer, _Sent
 
     generator = torch.Generator().manual_seed(0)
     own = torch.randn(1000, generator=generator)

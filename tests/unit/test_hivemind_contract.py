@@ -89,7 +89,7 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "_get_current_state_from_host_process", "method", ()),  # state_stream, parameter_refresh
     (DecentralizedAverager, "_load_state_from_peers", "method", ("future", "timeout")),  # state_stream
     (DecentralizedAverager, "_load_state_from_peers", "source", (".all_averagers",)),  # state_stream, record_gate: the key
-    (DecentralizedAverager, "load_state_from_peers", "method", ("wait", "timeout", "...")),  # optimizer, diloco_state, monitor/keeper
+    (DecentralizedAverager, "load_state_from_peers", "method", ("wait", "timeout", "...")),  # state_averager, diloco_state, monitor/keeper
     (DecentralizedAverager, "rpc_join_group", "method", ("request", "context")),  # averager_gate
     (DecentralizedAverager, "rpc_aggregate_part", "method", ("stream", "context")),  # averager_gate
     (DecentralizedAverager, "rpc_download_state", "method", ("_request", "_context")),  # averager_gate
@@ -148,23 +148,23 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
 
     # --- TrainingStateAverager (hivemind/optim/state_averager.py) ------------------------------------------------
     (TrainingStateAverager, "_do", "method", ("wait_for_trigger", "optimizer_step", "zero_grad", "averaging_round",
-                                              "averaging_control", "grad_scaler", "set_to_none", "timeout", "**kwargs")),  # optimizer
-    (TrainingStateAverager, "_do", "source", ("self._update_scheduler()", "super().step(")),  # optimizer
-    (TrainingStateAverager, "_update_scheduler", "method", ()),  # optimizer, diloco_state, diloco, parameter_refresh, checkpoints
-    (TrainingStateAverager, "_apply_averaging_results_", "method", ()),  # optimizer
-    (TrainingStateAverager, "_apply_optimizer_parameters_", "method", ()),  # optimizer, parameter_refresh, diloco
-    (TrainingStateAverager, "_local_tensors", "method", ()),  # optimizer
-    (TrainingStateAverager, "_old_tensors", "attribute", ()),  # optimizer
+                                              "averaging_control", "grad_scaler", "set_to_none", "timeout", "**kwargs")),  # state_averager
+    (TrainingStateAverager, "_do", "source", ("self._update_scheduler()", "super().step(")),  # state_averager
+    (TrainingStateAverager, "_update_scheduler", "method", ()),  # optimizer, state_averager, diloco_state, parameter_refresh, checkpoints
+    (TrainingStateAverager, "_apply_averaging_results_", "method", ()),  # state_averager
+    (TrainingStateAverager, "_apply_optimizer_parameters_", "method", ()),  # state_averager, parameter_refresh, diloco_state
+    (TrainingStateAverager, "_local_tensors", "method", ()),  # state_averager
+    (TrainingStateAverager, "_old_tensors", "attribute", ()),  # state_averager
     (TrainingStateAverager, "_load_local_tensors_into_averager_", "method", ()),  # parameter_refresh
-    (TrainingStateAverager, "get_current_state", "method", ()),  # optimizer, diloco_state
+    (TrainingStateAverager, "get_current_state", "method", ()),  # state_averager, diloco_state
     (TrainingStateAverager, "load_state_from_peers", "method", ("**kwargs",)),  # diloco_state
     (TrainingStateAverager, "load_state_from_peers", "source", ("super().load_state_from_peers(**kwargs)",)),  # diloco_state
 
     # --- GradientAverager (hivemind/optim/grad_averager.py) ------------------------------------------------------
-    (GradientAverager, "step", "method", ("weight", "...")),  # optimizer
-    (GradientAverager, "load_accumulators_into_averager_", "method", ()),  # optimizer
+    (GradientAverager, "step", "method", ("weight", "...")),  # gradient_averager
+    (GradientAverager, "load_accumulators_into_averager_", "method", ()),  # gradient_averager
 
-    # --- Optimizer (hivemind/optim/optimizer.py): SwarmOptimizer and DiLoCoOptimizer subclass it -----------------
+    # --- Optimizer (hivemind/optim/optimizer.py): SwarmOptimizer subclasses it (DiLoCo's optimizer does not) ------
     (Optimizer, "_make_state_averager", "method", ("**kwargs",)),  # optimizer
     (Optimizer, "_make_progress_tracker", "method", ("target_batch_size", "**kwargs")),  # optimizer
     (Optimizer, "_make_gradient_averager", "method", ("factory", "**kwargs")),  # optimizer
@@ -176,12 +176,10 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (Optimizer, "_maybe_schedule_state_averaging", "method", ()),  # optimizer
     (Optimizer, "_update_global_epoch", "method", ("grad_scaler",)),  # optimizer
     (Optimizer, "_tag_along_with_zero_weight", "method", ("control",)),  # optimizer
-    (Optimizer, "_should_load_state_from_peers", "method", ()),  # diloco
-    (Optimizer, "_should_check_synchronization_on_update", "attribute", ()),  # diloco (writes it)
     (Optimizer, "scheduled_grads", "attribute", ()),  # optimizer (writes it)
     (Optimizer, "average_state_every", "attribute", ()),  # optimizer: a property there, which upstream's __init__ sets
-    (Optimizer, "step", "method", ("closure", "batch_size", "grad_scaler")),  # optimizer, diloco
-    (Optimizer, "load_state_from_peers", "method", ("**kwargs",)),  # optimizer, diloco
+    (Optimizer, "step", "method", ("closure", "batch_size", "grad_scaler")),  # optimizer
+    (Optimizer, "load_state_from_peers", "method", ("**kwargs",)),  # optimizer
 
     # --- ProgressTracker (hivemind/optim/progress_tracker.py) ----------------------------------------------------
     (ProgressTracker, "_parse_swarm_progress_data", "method", ("metadata",)),  # progress, outer_round

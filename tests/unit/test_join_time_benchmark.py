@@ -12,7 +12,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import join_time  # noqa: E402
 
 LOG = """\
-2026-12-03T21:21:59.710 INFO swarmd.swarm.optimizer: Downloaded the swarm's state from a peer (download #1)
+2026-12-03T21:21:59.710 INFO swarmd.swarm.upstream.optimizer: Downloaded the swarm's state from a peer (download #1)
 2026-12-03T21:22:00.593 INFO swarmd.worker.trainer: Joined in 43.0 s: imports 10.9 s, model 2.6 s, DHT 6.5 s, \
 optimizer 15.9 s, look-up 0.1 s, download 6.3 s (phases overlap)
 """

@@ -3,7 +3,7 @@ first outer step, the fingerprint of the later ones, and how an entry of any swa
 
 import torch
 
-from swarmd.swarm.outer_round import bytes_digest, fingerprint_difference, gathered_entry
+from swarmd.swarm.upstream.outer_round import bytes_digest, fingerprint_difference, gathered_entry
 
 
 def _state():

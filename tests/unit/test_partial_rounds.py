@@ -1,4 +1,4 @@
-"""An averager's round that returned only part of the average says so (swarm/partial_rounds.py): the share that did
+"""An averager's round that returned only part of the average says so (swarm/upstream/partial_rounds.py): the share that did
 not arrive rides on the gathered data across the pipe to the host, with the times the all-reduce began and ended."""
 
 import asyncio
@@ -8,7 +8,7 @@ import types
 
 from hivemind.averaging import DecentralizedAverager
 
-from swarmd.swarm.partial_rounds import GatheredRound, ReportsPartialRounds, missing_share
+from swarmd.swarm.upstream.partial_rounds import GatheredRound, ReportsPartialRounds, missing_share
 
 
 def test_the_missing_share_crosses_a_pipe_and_reads_as_the_gathered_dict():

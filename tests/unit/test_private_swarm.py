@@ -22,13 +22,13 @@ from swarmd.errors import ConfigError, ExitCode
 from swarmd.metrics.collector import SwarmdMetrics
 from swarmd.status.snapshot import Identity, build_snapshot
 from swarmd.swarm.allowlist import AllowList
-from swarmd.swarm.averager_gate import AdmitsAllowedPeers
-from swarmd.swarm.parameter_refresh import ServesParameters
-from swarmd.swarm.state_stream import DownloadsState
-from swarmd.swarm.identity import load_or_create_identity, peer_id_of_owner
+from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.upstream.parameter_refresh import ServesParameters
+from swarmd.swarm.upstream.state_stream import DownloadsState
+from swarmd.swarm.upstream.identity import load_or_create_identity, peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.private import PrivateSwarmInfo
-from swarmd.swarm.record_gate import AllowListValidator
+from swarmd.swarm.upstream.record_gate import AllowListValidator
 
 RSA_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 ED25519_ID = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
@@ -203,10 +203,10 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     assert answer.code == averaging_pb2.BAD_GROUP_ID
     for _ in range(2):
         assert asyncio.run(collect(AdmitsAllowedPeers.rpc_download_state(averager, None, context))) == []
-    # the parameters alone (swarm/parameter_refresh.py) are a state download too; refused before any state is read
+    # the parameters alone (swarm/upstream/parameter_refresh.py) are a state download too; refused before any state is read
     averager.allow_state_sharing = True
     assert asyncio.run(collect(ServesParameters.rpc_download_parameters(averager, None, context))) == []
-    # and so is the state stream (swarm/state_stream.py): closed without a byte, by the id libp2p authenticated
+    # and so is the state stream (swarm/upstream/state_stream.py): closed without a byte, by the id libp2p authenticated
     averager.request_timeout = 5.0
 
     async def ask_by_stream(request: bytes) -> RecordingWriter:
@@ -227,10 +227,10 @@ def test_the_gated_averagers_keep_upstreams_rpc_names():
     from hivemind.averaging import DecentralizedAverager
     from hivemind.optim.grad_averager import GradientAverager
 
-    from swarmd.swarm.outer_round import OuterAverager
-    from swarmd.swarm.optimizer import _AdmittingGradientAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
 
-    for gated, upstream in ((_AdmittingGradientAverager, GradientAverager), (OuterAverager, DecentralizedAverager)):
+    for gated, upstream in ((AdmittingGradientAverager, GradientAverager), (OuterAverager, DecentralizedAverager)):
         for rpc in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
             assert gated._get_handle_name("ns", rpc) == upstream._get_handle_name("ns", rpc)
 

@@ -9,7 +9,7 @@ from hivemind.compression.serialization import deserialize_torch_tensor, seriali
 from hivemind.proto import runtime_pb2
 
 from swarmd.swarm.compression import make_compression
-from swarmd.swarm.quantization import BLOCK_SIZE, Blockwise8Bit, Quantile8Bit, Uniform8Bit, register_fixed_quantizers
+from swarmd.swarm.upstream.quantization import BLOCK_SIZE, Blockwise8Bit, Quantile8Bit, Uniform8Bit, register_fixed_quantizers
 
 WIRE_TYPES = {"uint8": runtime_pb2.UNIFORM_8BIT, "quantile8": runtime_pb2.QUANTILE_8BIT,
               "blockwise8": runtime_pb2.BLOCKWISE_8BIT}
@@ -91,7 +91,7 @@ def test_blockwise_wire_layout_is_hiveminds():
 def test_blockwise_codes_are_the_nearest_ones_up_to_one_grid_step():
     """The lookup table (quantization.nearest_code_table) picks what a search among the codes would: the nearest
     code, or, for a value within one grid step of a midpoint between two codes, either of the two."""
-    from swarmd.swarm.quantization import LOOKUP_STEPS, signed_dynamic_codebook
+    from swarmd.swarm.upstream.quantization import LOOKUP_STEPS, signed_dynamic_codebook
 
     code = signed_dynamic_codebook()
     midpoints = (code[:-1] + code[1:]) / 2

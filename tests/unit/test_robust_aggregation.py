@@ -1,5 +1,5 @@
 """CenteredClip, the reduction every swarmd averager applies to its share of an all-reduce
-(swarmd/swarm/robust_aggregation.py): a loud or a quiet liar barely moves it, and honest senders get their mean."""
+(swarmd/swarm/upstream/robust_aggregation.py): a loud or a quiet liar barely moves it, and honest senders get their mean."""
 
 import asyncio
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from swarmd.config.schema import AggregationConfig
-from swarmd.swarm.robust_aggregation import Aggregation, CenteredClipReducer, centered_clip
+from swarmd.swarm.upstream.robust_aggregation import Aggregation, CenteredClipReducer, centered_clip
 
 D = 4096
 
@@ -116,7 +116,7 @@ def test_a_part_of_the_wrong_size_is_left_out_not_waited_for():
 
 @pytest.mark.parametrize("senders", [3, 4, 7, 20])
 def test_the_median_is_the_coordinate_wise_median(senders):
-    from swarmd.swarm.robust_aggregation import _median
+    from swarmd.swarm.upstream.robust_aggregation import _median
 
     stacked = torch.randn(senders, 1000)
     torch.testing.assert_close(_median(stacked), torch.quantile(stacked, 0.5, dim=0))
@@ -151,12 +151,14 @@ def test_every_swarmd_averager_reduces_robustly_with_the_configured_setting():
     from hivemind.averaging import DecentralizedAverager
 
     from swarmd.config.schema import SwarmdConfig
-    from swarmd.swarm.diloco_state import DiLoCoStateAverager
-    from swarmd.swarm.optimizer import _GradientAveragerKeepingOwn, _ObservedStateAverager, shared_optimizer_options
-    from swarmd.swarm.outer_round import OuterAverager
-    from swarmd.swarm.robust_aggregation import AggregatesRobustly
+    from swarmd.swarm.upstream.diloco_state import DiLoCoStateAverager
+    from swarmd.swarm.upstream.gradient_averager import GradientAveragerKeepingOwn
+    from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+    from swarmd.swarm.strategies.shared import shared_optimizer_options
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+    from swarmd.swarm.upstream.robust_aggregation import AggregatesRobustly
 
-    for averager in (_GradientAveragerKeepingOwn, _ObservedStateAverager, DiLoCoStateAverager, OuterAverager):
+    for averager in (GradientAveragerKeepingOwn, ObservedStateAverager, DiLoCoStateAverager, OuterAverager):
         mro = averager.__mro__
         assert mro.index(AggregatesRobustly) < mro.index(DecentralizedAverager), averager
 
@@ -180,7 +182,7 @@ def test_what_a_reducer_returns_is_checked_against_what_was_sent():
     """robust_aggregation.py implausible_return: the average (sent + delta) is refused when not finite or above
     RETURN_RATIO x max(|sent|, floor); an honest average, a sparse part under the floor and a part nobody can judge
     (zeros sent, no floor) pass."""
-    from swarmd.swarm.robust_aggregation import RETURN_RATIO, implausible_return
+    from swarmd.swarm.upstream.robust_aggregation import RETURN_RATIO, implausible_return
 
     sent = torch.ones(1000)
     honest = torch.full((1000,), 2.0) - sent  # the group's average is 2: twice this peer's part
@@ -200,7 +202,7 @@ def test_what_a_reducer_returns_is_checked_against_what_was_sent():
 
 
 def test_weights_are_capped_at_a_multiple_of_the_median():
-    from swarmd.swarm.robust_aggregation import capped_weights
+    from swarmd.swarm.upstream.robust_aggregation import capped_weights
 
     assert capped_weights([64, 64, 64, 6400], 2.0) == [64, 64, 64, 128]
     assert capped_weights([64, 6400], 2.0) == [64, 6400]  # a pair: neither can be told the liar
@@ -214,7 +216,7 @@ def test_a_sender_claiming_100x_the_samples_neither_sets_the_result_nor_makes_th
     """Zeros with 100x the honest weight: capped at 2x the median (the default) it moves the result by a fifth of the
     signal, against 0.9 uncapped, and the evidence (judged with equal weights) names the zero sender, never an honest
     one."""
-    from swarmd.swarm.robust_aggregation import _Sent
+    from swarmd.swarm.upstream.robust_aggregation import _Sent
 
     signal, honest = _honest(3, noise=0.3)
     honest_mean = torch.stack(honest).mean(0)

@@ -1,4 +1,4 @@
-"""The state stream's wire (swarm/state_stream.py), server and downloader joined by an in-memory pipe: what each
+"""The state stream's wire (swarm/upstream/state_stream.py), server and downloader joined by an in-memory pipe: what each
 request carries, in which form, and how a broken or refusing peer ends a download."""
 
 import asyncio
@@ -13,7 +13,7 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import MSGPackSerializer
 
 from fake_streams import RecordingWriter
-from swarmd.swarm.state_stream import (
+from swarmd.swarm.upstream.state_stream import (
     LENGTH_BYTES, DownloadsState, ProtocolUnsupported, Waits, shared_copy, stream_handler_name,
 )
 

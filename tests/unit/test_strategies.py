@@ -1,4 +1,4 @@
-"""The strategies behind one table (swarm/strategy.py): each owns its compatibility fields and its averager keys, the
+"""The strategies behind one table (swarm/strategies/): each owns its compatibility fields and its averager keys, the
 private swarm's gate guards every averager of every strategy, and nothing outside the strategies and the config's
 validation asks which strategy a peer runs (tests/swarm/test_private_strategies.py checks the built ones against
 the SwarmStrategy protocol)."""
@@ -12,11 +12,11 @@ import swarmd
 from swarmd.config import load_config
 from swarmd.swarm import averager_keys
 from swarmd.swarm.compatibility import compatibility_of_record
-from swarmd.swarm.strategy import STRATEGIES, STRATEGY_FIELDS, strategy_of
+from swarmd.swarm.strategies import STRATEGIES, STRATEGY_FIELDS, strategy_of
 
 PACKAGE = Path(swarmd.__file__).resolve().parent
 # where a strategy's name may be tested: the strategies themselves and the config's validation
-MAY_NAME_STRATEGIES = {"swarm/strategy.py", "config/schema.py"}
+MAY_NAME_STRATEGIES = {"swarm/strategies/", "config/schema.py"}
 
 
 def test_the_config_admits_exactly_the_strategies_of_the_table():
@@ -42,7 +42,7 @@ def test_each_strategy_owns_its_compatibility_fields(name):
 
 
 def test_every_averager_of_every_strategy_has_a_key_the_gate_guards():
-    from swarmd.swarm.record_gate import guarded_keys
+    from swarmd.swarm.upstream.record_gate import guarded_keys
 
     suffixes = {suffix for strategy in STRATEGIES.values() for suffix in strategy.averager_suffixes}
     assert suffixes == set(averager_keys.ALL_SUFFIXES)
@@ -81,7 +81,7 @@ def test_no_strategy_name_test_outside_the_strategies_and_the_config():
         if str(path.relative_to(PACKAGE)) not in MAY_NAME_STRATEGIES
         for line in _strategy_name_tests(path)
     ]
-    assert found == [], "ask swarm/strategy.py instead:\n" + "\n".join(found)
+    assert found == [], "ask swarm/strategies/ instead:\n" + "\n".join(found)
 
 
 def test_the_scan_finds_a_strategy_name_test(tmp_path):

@@ -189,7 +189,7 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
 
 
 def test_a_diloco_peer_catching_up_neither_evaluates_nor_checkpoints_under_the_epoch_it_took():
-    """swarm/diloco.py _catch_up_by_averaging takes the swarm's epoch before its state is the swarm's: the epoch's
+    """swarm/strategies/diloco_optimizer.py _catch_up_by_averaging takes the swarm's epoch before its state is the swarm's: the epoch's
     checkpoint and evaluation wait for the epoch after the repairing round."""
     import torch
 

@@ -3,7 +3,7 @@ import torch
 
 from swarmd.status.snapshot import Identity, Snapshot, build_snapshot
 from swarmd.tracking.extension import epoch_scalars
-from swarmd.worker.precision import make_precision
+from swarmd.ranks.precision import make_precision
 from swarmd.worker.readings import cuda_memory, epoch_readings
 from swarmd.worker.stats import WorkerReadings, WorkerStats
 

@@ -8,7 +8,7 @@ memory as it is, and the downloader reads it into shared memory that the host pr
 
 The protocol, `<averager prefix>::swarmd.StateStream/1`, is a binary stream handler of the averager's process:
 - the downloader writes one line: `state` (the whole state, as hivemind's `rpc_download_state`) or `parameters`
-  (without the optimizer's statistics, as `rpc_download_parameters` of swarm/parameter_refresh.py);
+  (without the optimizer's statistics, as `rpc_download_parameters` of swarm/upstream/parameter_refresh.py);
 - the server answers with frames (an 8-byte big-endian length, then that many bytes): first the msgpack of
   {"metadata": <the averager's serialized metadata>, "tensors": N}, then for each tensor hivemind's
   `runtime_pb2.Tensor` without its buffer, then the buffer: the tensor's bytes as they are in memory when the state
@@ -41,7 +41,7 @@ from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
-from swarmd.swarm.averager_gate import admits_peer, not_excluded
+from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
 __all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "KINDS"]
 
@@ -89,7 +89,7 @@ class DownloadsState:
     downloads states through it, falling back to hivemind's RPC per peer. Sits before the averager in the MRO.
     `download_by_stream=False` (`swarm.state_stream`) downloads by hivemind's RPC only."""
 
-    _allow_list = None  # an open swarm; swarmd's averagers take the installed list (swarm/averager_gate.py)
+    _allow_list = None  # an open swarm; swarmd's averagers take the installed list (swarm/upstream/averager_gate.py)
     _exclusions = None  # none excluded; swarmd's averagers take the installed exclusions (swarm/exclusion.py)
 
     def __init__(self, *args, download_by_stream: bool = True, **kwargs):

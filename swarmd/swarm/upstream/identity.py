@@ -19,7 +19,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
-from swarmd.swarm.process_patches import sign_records_with
+from swarmd.swarm.upstream.process_patches import sign_records_with
 
 __all__ = ["load_or_create_identity", "created_here", "peer_id_of_owner"]
 

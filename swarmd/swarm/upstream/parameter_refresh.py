@@ -14,7 +14,7 @@ next state averaging (every `average_state_every` epochs) evens them out: 5 % of
 in that round (SwarmOptimizer.inexact_state): the round gives it the swarm's parameters without pulling the
 swarm's toward its own.
 
-The protocol: the state stream's `parameters` request (swarm/state_stream.py), or `rpc_download_parameters` from a
+The protocol: the state stream's `parameters` request (swarm/upstream/state_stream.py), or `rpc_download_parameters` from a
 swarmd peer without the stream; both sit beside hivemind's `rpc_download_state` (the same gate of a private swarm,
 the same refusal while state sharing is off). A peer that serves neither (plain hivemind) answers with an error, and
 the joiner downloads the whole state as upstream does.
@@ -30,8 +30,8 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.streaming import split_for_streaming
 
-from swarmd.swarm.averager_gate import admits
-from swarmd.swarm.state_stream import DownloadsState, served_tensors
+from swarmd.swarm.upstream.averager_gate import admits
+from swarmd.swarm.upstream.state_stream import DownloadsState, served_tensors
 
 __all__ = ["ServesParameters"]
 
@@ -62,7 +62,7 @@ class ServesParameters(DownloadsState):
                 yield averaging_pb2.DownloadData(tensor_part=part, metadata=metadata)
                 metadata = None
 
-    # --- downloading (the averager's process): by swarm/state_stream.py's stream, or this RPC where a peer lacks it
+    # --- downloading (the averager's process): by swarm/upstream/state_stream.py's stream, or this RPC where a peer lacks it
 
     async def _load_parameters_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
         await self._download_from_peers("parameters", future, timeout)

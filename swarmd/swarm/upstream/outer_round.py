@@ -1,7 +1,7 @@
 """One DiLoCo outer round: when it is due (the progress tracker's ETA is the slowest peer's time to its send step),
 the averager that carries the pseudo-gradients, what a peer sent to a round, and what the members gather with it
 (outer step, apart flag, outer-state fingerprint).
-swarm/diloco.py drives it."""
+swarm/strategies/diloco_optimizer.py drives it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainin
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm import averager_keys
-from swarmd.swarm.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.digests import update_with_bytes
-from swarmd.swarm.upstream_names import UpstreamRpcNames
-from swarmd.swarm.progress import ThrottledProgressTracker
+from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
+from swarmd.swarm.upstream.progress import ThrottledProgressTracker
 
 __all__ = [
     "OuterAverager", "RoundProgressTracker", "SentRound", "bytes_digest", "fingerprint_difference",
@@ -28,8 +28,8 @@ __all__ = [
 
 
 class OuterAverager(UpstreamRpcNames, AdmitsAllowedPeers):
-    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/averager_gate.py),
-    which also says when a round returned only part of the average (swarm/partial_rounds.py)."""
+    """hivemind's plain averager for the pseudo-gradients, behind the private swarm's gate (swarm/upstream/averager_gate.py),
+    which also says when a round returned only part of the average (swarm/upstream/partial_rounds.py)."""
 
     _upstream = DecentralizedAverager
 
@@ -40,12 +40,13 @@ class OuterAverager(UpstreamRpcNames, AdmitsAllowedPeers):
         super().__init__(*args, **kwargs)
 
     @classmethod
-    def beside(cls, optimizer, parameters, compression, **averager_opts) -> "OuterAverager":
-        """Started with the optimizer's DHT, run id, timeouts and client mode; one fp32 host buffer per parameter."""
+    def beside(cls, settings, parameters, compression, **averager_opts) -> "OuterAverager":
+        """Started with the peer's averager settings (peer_parts.py AveragerSettings: its DHT, run id, timeouts and
+        client mode); one fp32 host buffer per parameter."""
         return cls(
             averaged_tensors=[torch.zeros_like(p, device="cpu", dtype=torch.float32) for p in parameters],
             compression=compression,
-            **optimizer.averager_settings(averager_keys.DILOCO_OUTER),
+            **settings.of(averager_keys.DILOCO_OUTER),
             **averager_opts,
         )
 

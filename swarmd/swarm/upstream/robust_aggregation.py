@@ -4,7 +4,7 @@ hivemind 1.1.12's all-reduce gives each peer of a group a share of the vector to
 (averaging/partition.py) returns the plain weighted mean of what the senders sent for that share: one sender whose
 gradients are x -1e6 sets everyone's update, and a sign flip at honest scale pulls the mean towards it unnoticed.
 With `swarm.aggregation.method: centered_clip`, every swarmd averager (gradients, parameters, DiLoCo's
-pseudo-gradients: they share the averager base of swarm/averager_gate.py) reduces its share with CenteredClip
+pseudo-gradients: they share the averager base of swarm/upstream/averager_gate.py) reduces its share with CenteredClip
 (Karimireddy et al. 2021; "Secure Distributed Training at Scale", Gorbunov et al. 2022):
 
     v <- coordinate-wise median of the senders' parts
@@ -68,7 +68,7 @@ PAIR_OUTLIER_RATIO = 100.0
 # An honest average is a weighted mean of the senders' parts, within the spread of honest parts (a few times a
 # part's norm, more where this peer's part is sparse: hence the even-spread floor); a reducer that returns x1000 is
 # refused. Loud lies only: a reducer that shifts the average a little is not caught here. A refused part is never
-# applied (this peer keeps its own values there, the round is partial: swarm/partial_rounds.py), and the reducer
+# applied (this peer keeps its own values there, the round is partial: swarm/upstream/partial_rounds.py), and the reducer
 # is reported as evidence (swarm/exclusion.py, "returned").
 RETURN_RATIO = 100.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
@@ -100,7 +100,7 @@ def capped_weights(weights: Sequence[float], ratio: float) -> list[float]:
     the average (CenteredClip's result moves by a sender's weight share of the clip radius per iteration) and makes
     every honest sender look like the outlier. The cap also bounds an honest peer much faster than the others (a GPU
     beside CPUs) to `ratio` x the median: raise it in such a swarm. The upper median, because weights far below the
-    others' are honest too (a peer catching up weighs 1e-6 in a state round, swarm/optimizer.py) and must not set the
+    others' are honest too (a peer catching up weighs 1e-6 in a state round, swarm/upstream/optimizer.py) and must not set the
     cap; so a pair is never capped (neither of two can be told the liar, as in swarm/claims.py)."""
     positive = sorted(float(w) for w in weights if w > 0)
     if ratio <= 0 or not positive:

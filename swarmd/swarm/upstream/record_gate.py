@@ -5,7 +5,7 @@ answer; a record that fails is neither stored nor returned. This one judges the 
 itself, by the subkey that names the writer:
 - `{run_id}_progress` and swarmd's peer records: the subkey is a signed `[owner:<public key>]` marker; the
   signature validator has proved the writer holds that key, and since every swarmd peer signs with its identity key
-  (swarm/identity.py), the key gives the peer id. An outsider's progress is not counted, its record not shown;
+  (swarm/upstream/identity.py), the key gives the peer id. An outsider's progress is not counted, its record not shown;
 - each averager's matchmaking keys `{prefix}.0b{group bits}` (who may lead a group; DiLoCo's outer rounds carry the
   outer step in 8 group bits, the others none) and `{prefix}.all_averagers` (who may be asked for the state): the
   subkey is the averager's peer id, so this peer never asks an outsider to lead it or to send it the state. Every
@@ -23,7 +23,7 @@ from hivemind.utils import MSGPackSerializer
 
 from swarmd.swarm.allowlist import AllowList
 from swarmd.swarm.averager_keys import ALL_SUFFIXES, peer_keyed_names
-from swarmd.swarm.identity import peer_id_of_owner
+from swarmd.swarm.upstream.identity import peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.round_records import ROUNDS_FIELD
 

@@ -2,9 +2,9 @@
 fences the names they write).
 
 - The signing key: hivemind signs protected DHT records with one process-wide RSA key that it generates at random;
-  a private swarm makes the peer's identity key that key, so a record names its writer (swarm/identity.py).
+  a private swarm makes the peer's identity key that key, so a record names its writer (swarm/upstream/identity.py).
 - The 8-bit codecs: hivemind encodes and decodes each compression type through one module-level table; swarmd's
-  codecs replace hivemind's 8-bit ones there, which fail to decode under NumPy 2 (swarm/quantization.py).
+  codecs replace hivemind's 8-bit ones there, which fail to decode under NumPy 2 (swarm/upstream/quantization.py).
 Both happen before hivemind forks its DHT and averager processes, which inherit them.
 """
 

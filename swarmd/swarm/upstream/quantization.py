@@ -33,7 +33,7 @@ from hivemind.compression.quantization import (
 )
 from hivemind.proto import runtime_pb2
 
-from swarmd.swarm.process_patches import register_codecs
+from swarmd.swarm.upstream.process_patches import register_codecs
 
 __all__ = ["Blockwise8Bit", "Quantile8Bit", "Uniform8Bit", "register_fixed_quantizers"]
 

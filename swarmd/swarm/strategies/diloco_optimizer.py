@@ -1,8 +1,9 @@
 """swarm.strategy: diloco. H local steps of the task's optimizer, then one outer step on the swarm's average.
 
 DiLoCo (Douillard et al. 2023), after OpenDiLoCo's `open_diloco/hivemind_diloco.py`, as a drop-in for the worker
-(the same surface as SwarmOptimizer: step(batch_size=), local_epoch, tracker, state_averager, averaging_log,
-load_state_from_peers, state_dict). One global epoch is one outer step:
+(the SwarmStrategy protocol, swarm/strategies/protocol.py). It is not a hivemind.Optimizer: it composes the parts
+every strategy's optimizer is made of (swarm/upstream/peer_parts.py: the progress tracker, the state averager, the
+bounded state downloads, the clipping) with its own pseudo-gradient averager. One global epoch is one outer step:
 
 - every `step()` is one INNER step: the task's optimizer on the model's own parameters (on their device), and the
   task's LR schedule stepped once; the schedule counts inner steps (`epoch x H + steps into the round`), also for a
@@ -37,19 +38,19 @@ docs/DILOCO.md says more, and what differs from OpenDiLoCo.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Callable, Optional
 
 import torch
 from hivemind.averaging.control import StepControl
+from hivemind.compression import NoCompression
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
-from swarmd.swarm.diloco_state import DiLoCoStateAverager
-from swarmd.swarm.optimizer import SwarmOptimizer, implausible_average, shared_optimizer_options
-from swarmd.swarm.partial_rounds import missing_share, what_did_not_arrive
-from swarmd.swarm.outer_round import (
+from swarmd.swarm.upstream.diloco_state import DiLoCoStateAverager
+from swarmd.swarm.upstream.outer_round import (
     OuterAverager,
     RoundProgressTracker,
     SentRound,
@@ -57,8 +58,20 @@ from swarmd.swarm.outer_round import (
     fingerprint_difference,
     gathered_entry,
 )
+from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
+from swarmd.swarm.upstream.peer_parts import (
+    CATCHING_UP_WEIGHT,
+    AveragerSettings,
+    StateDownloads,
+    clip_local_gradients,
+    implausible_average,
+    outliers_clipped_total,
+    shutting_down_on_failure,
+    start_progress_tracker,
+    start_state_averager,
+)
 
-__all__ = ["DiLoCoOptimizer", "build_diloco_optimizer"]
+__all__ = ["DiLoCoOptimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,75 +91,103 @@ def _outer_sgd(lr: float, momentum: float, nesterov: bool) -> Callable:
     return build
 
 
-class DiLoCoOptimizer(SwarmOptimizer):
-    _state_averager_type = DiLoCoStateAverager
-    _state_averager_suffix = averager_keys.DILOCO_STATE  # never a sync peer's of the same run_id
-    _progress_tracker_type = RoundProgressTracker  # publishes at once when a round is done
-    _running_parts = ("outer_averager", *SwarmOptimizer._running_parts)
+class DiLoCoOptimizer:
     state_averager: DiLoCoStateAverager
     tracker: RoundProgressTracker
+    grad_averager = None  # no gradient rounds: the outer averager averages pseudo-gradients
+    auxiliary = False  # the config refuses auxiliary peers under diloco
+    # True while the peer holds the swarm's epoch ahead of its state (_catch_up_by_averaging): the worker then neither
+    # evaluates nor checkpoints under that epoch, and nobody downloads it
+    catching_up = False
     _said_alone = False  # the last outer step's log said this peer was alone
+    # What construction starts (threads, averager processes), in the order it shuts them down
+    _RUNNING_PARTS = ("outer_averager", "tracker", "state_averager")
 
     def __init__(
         self,
         *,
+        dht,
+        run_id: str,
         params,
+        averaging_log: AveragingLog,
         inner_optimizer: Callable,
         inner_scheduler: Optional[Callable],
         batch_size: int,
         inner_steps: int,
-        outer_lr: float,
-        outer_momentum: float,
-        nesterov: bool,
+        outer_lr: float, outer_momentum: float, nesterov: bool,
         max_straggler_wait: float,
         prescheduled_outer_rounds: bool,
-        overlap_steps: int,
-        overlap_mixing: float,
+        overlap_steps: int, overlap_mixing: float,
         average_state_every: int,
         grad_compression,
         state_check_tolerance: float,
-        averaging_log: AveragingLog,
         guard_gradient_norm_ratio: float = 0.0,
-        **kwargs,
+        catch_up_by_averaging: bool = True,
+        clip_local_grad_norm: Optional[float] = None,
+        load_state_attempts: int = 3, load_state_timeout: float = 600.0, state_stream: bool = True,
+        # hivemind.Optimizer's defaults
+        matchmaking_time: float = 15.0, averaging_timeout: float = 60.0, allreduce_timeout: Optional[float] = None,
+        next_chunk_timeout: Optional[float] = None, shutdown_timeout: float = 5.0, client_mode: Optional[bool] = None,
+        averager_opts: Optional[dict] = None,
+        tracker_opts: Optional[dict] = None,
+        **state_averager_options,  # extra_tensors, state_averaging_compression, load_state_compression, verbose
     ):
         param_groups = [dict(group, params=list(group["params"])) for group in params]
+        self.dht, self.run_id, self.averaging_log = dht, run_id, averaging_log
+        self.client_mode = dht.client_mode if client_mode is None else client_mode
+        self.batch_size_per_step = batch_size
         self.inner_steps = inner_steps
         # Streaming DiLoCo's overlap: the pseudo-gradient goes out at this inner step of the round, the outer step
         # lands at the H-th (the same as H without overlap)
-        self.overlap_steps = overlap_steps
-        self.overlap_mixing = overlap_mixing
+        self.overlap_steps, self.overlap_mixing = overlap_steps, overlap_mixing
         self._send_step = inner_steps - overlap_steps
-        self.max_straggler_wait = max_straggler_wait
-        self.prescheduled_outer_rounds = prescheduled_outer_rounds
-        self.diloco_average_state_every = average_state_every
-        self.state_check_tolerance = state_check_tolerance
+        self.max_straggler_wait, self.prescheduled_outer_rounds = max_straggler_wait, prescheduled_outer_rounds
+        self.diloco_average_state_every, self.state_check_tolerance = average_state_every, state_check_tolerance
         self.pseudo_gradient_guard_ratio = guard_gradient_norm_ratio
+        self.catch_up_by_averaging, self.clip_local_grad_norm = catch_up_by_averaging, clip_local_grad_norm
+        self.matchmaking_time, self.averaging_timeout = matchmaking_time, averaging_timeout
+        self.settings = AveragerSettings(  # None: hivemind.Optimizer's rules
+            dht, run_id, matchmaking_time, averaging_timeout if allreduce_timeout is None else allreduce_timeout,
+            matchmaking_time if next_chunk_timeout is None else next_chunk_timeout, shutdown_timeout, self.client_mode,
+        )
+        self.downloads = StateDownloads(attempts=load_state_attempts, timeout=load_state_timeout, dht=dht)
         self._start_round_bookkeeping()
+        self._check_exact_epoch = True
+        self._parent_pid = os.getpid()
+        with shutting_down_on_failure(self, self._RUNNING_PARTS):
+            self._start_parts(param_groups, outer_lr, outer_momentum, nesterov, state_stream, dict(averager_opts or {}),
+                              dict(tracker_opts or {}), state_averager_options)
+            self.inner_optimizer = inner_optimizer(param_groups)
+            self.state_averager.attach_inner_optimizer(self.inner_optimizer, inner_scheduler, inner_steps)
+            self.outer_averager = OuterAverager.beside(
+                self.settings, self._outer_parameters(), grad_compression, **dict(averager_opts or {})
+            )
 
-        super().__init__(
-            averaging_log=averaging_log,
-            prescheduled_averaging=False,
-            optimizer=_outer_sgd(outer_lr, outer_momentum, nesterov),
-            params=param_groups,
-            scheduler=None,
-            # the tracker's ETA is the slowest peer's time to its send step: the round's all-reduce starts there
-            target_batch_size=self._send_step * batch_size,
-            batch_size_per_step=batch_size,
-            use_local_updates=True,  # no hivemind gradient averager; this class averages pseudo-gradients itself
+    def _start_parts(self, param_groups, outer_lr, outer_momentum, nesterov, state_stream: bool, averager_opts: dict,
+                     tracker_opts: dict, options: dict) -> None:
+        """The progress tracker and the state averager, as hivemind.Optimizer starts them for local updates."""
+        status_loglevel = logging.INFO if options.pop("verbose", False) else logging.DEBUG
+        # the tracker's ETA is the slowest peer's time to its send step: the round's all-reduce starts there
+        self.tracker = start_progress_tracker(
+            RoundProgressTracker, self.settings, self._send_step * self.batch_size_per_step,
+            status_loglevel=status_loglevel, **tracker_opts,
+        )
+        self.state_averager = start_state_averager(
+            DiLoCoStateAverager, self.settings, averager_keys.DILOCO_STATE,  # never a sync peer's of the same run_id
+            averaging_log=self.averaging_log, on_state_loaded=self.downloads.count, state_stream=state_stream,
             offload_optimizer=True,  # the outer state lives on the host
-            delay_state_averaging=False,
-            delay_grad_averaging=False,
-            delay_optimizer_step=False,
-            average_state_every=max(1, average_state_every),
+            status_loglevel=status_loglevel, auxiliary=False,
+            optimizer=_outer_sgd(outer_lr, outer_momentum, nesterov), params=param_groups, scheduler=None,
+            delta_rule_averaging=False,
+            compression=options.pop("state_averaging_compression", None) or NoCompression(),
+            state_compression=options.pop("load_state_compression", None) or NoCompression(),
             # parameter averaging (first step, repairs, average_state_every) averages the outer momentum with them
             average_opt_statistics=("momentum_buffer",) if outer_momentum > 0 else (),
-            **kwargs,
+            extra_tensors=options.pop("extra_tensors", ()),
+            **averager_opts,
         )
-        with self._shutting_down_on_failure():
-            self._attach_inner_optimizer(inner_optimizer(param_groups), inner_scheduler)
-            self.outer_averager = OuterAverager.beside(
-                self, self._outer_parameters(), grad_compression, **self._grad_averager_opts
-            )
+        if options:
+            raise TypeError(f"DiLoCoOptimizer got unexpected arguments: {sorted(options)}")
 
     def _start_round_bookkeeping(self) -> None:
         """What the outer rounds keep from one inner step to the next, before the first."""
@@ -160,17 +201,41 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._apart_from_swarm = False
         self._downloads_since_outer_step = 0
 
-    def _attach_inner_optimizer(self, inner_optimizer, inner_scheduler: Optional[Callable]) -> None:
-        """The inner optimizer works on the model's parameters themselves; the state averager holds it with its
-        schedule, counted in inner steps, and serves both to joiners (swarm/diloco_state.py)."""
-        self.inner_optimizer = inner_optimizer
-        averager = self.state_averager
-        averager.inner_steps_per_epoch = self.inner_steps
-        averager.inner_scheduler_factory = inner_scheduler
-        averager.inner_optimizer = inner_optimizer
-        averager._update_scheduler()
-
     # --- what the worker sees ----------------------------------------------------------------------------------
+
+    @property
+    def local_epoch(self) -> int:
+        return self.state_averager.local_epoch
+
+    @property
+    def state_loads_total(self) -> int:
+        return self.downloads.total
+
+    @property
+    def parameters_version(self) -> tuple[int, int]:
+        """Changes whenever the model's parameters were written (a step, an outer step, averaged state, a download):
+        what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
+        return (self.state_averager.parameters_version, self.state_loads_total)
+
+    @property
+    def outliers_clipped_total(self) -> int:
+        return outliers_clipped_total(self, self._RUNNING_PARTS)
+
+    def _behind_swarm(self) -> bool:
+        """hivemind.Optimizer's rule: the exact epoch once after each outer step (once the tracker fetched the
+        swarm's progress), then one behind is tolerated (the swarm's peers do not end a round at one instant)."""
+        if self._check_exact_epoch and self.tracker.fetched_global_progress_this_epoch.is_set():
+            self._check_exact_epoch = False
+            return self.local_epoch != self.tracker.global_epoch
+        return self.local_epoch < self.tracker.global_epoch - 1
+
+    def _set_catching_up(self, catching_up: bool) -> None:
+        """While catching up, this peer's state is older than its epoch says: nobody may download it, and it weighs
+        next to nothing in its state rounds."""
+        self.catching_up = catching_up
+        self.state_averager.round_weight = CATCHING_UP_WEIGHT if catching_up else None
+        if not self.client_mode:
+            self.state_averager.allow_state_sharing = not catching_up
 
     @property
     def param_groups(self):
@@ -189,7 +254,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._should_load_state_from_peers():
+        if self._behind_swarm():
             logger.info("This peer is behind the swarm (epoch %d < %d)", self.local_epoch, self.tracker.global_epoch)
             caught_out = self._downloads_since_outer_step >= _DOWNLOADS_BEFORE_CATCHING_UP
             if caught_out and self.catch_up_by_averaging and not self._alone():
@@ -205,12 +270,10 @@ class DiLoCoOptimizer(SwarmOptimizer):
             # or catching up): that round's send or outer step comes before any inner step
             self._round_point(came_with_state=True)
             return loss
-        self._clip_local_gradients()
+        clip_local_gradients(self.param_groups, self.clip_local_grad_norm)
         with averager.state_lock, averager.lock_optimizer:  # the inner state and round_steps are served together
             self.inner_optimizer.step()
-            averager.round_steps += 1
-            averager._update_scheduler()
-            averager.parameters_version += 1  # the model's parameters moved: this peer's other ranks need them
+            averager.count_inner_step()
         self._round_samples += batch_size
         self.tracker.report_local_progress(self.local_epoch, averager.round_steps * self.batch_size_per_step)
         if averager.round_steps >= self._send_step:
@@ -423,7 +486,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._downloads_since_outer_step = 0
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=self.local_epoch)
-            self._should_check_synchronization_on_update = True
+            self._check_exact_epoch = True
             if not self.client_mode:
                 self.state_averager.state_sharing_priority = self.local_epoch
 
@@ -592,13 +655,11 @@ class DiLoCoOptimizer(SwarmOptimizer):
             for param, gradient in zip(self._outer_parameters(), pseudo_gradient):
                 param.grad.copy_(gradient)
             averager.optimizer.step()
-            averager.local_epoch += 1
-            averager.round_steps = 0
-            averager._apply_optimizer_parameters_()  # the new outer parameters become the model's
+            averager.outer_parameters_to_model()  # the new outer parameters become the model's
             if own_parameters is not None and self.overlap_mixing > 0:
                 for param, own in zip(averager.main_parameters, own_parameters):
                     param.lerp_(own, self.overlap_mixing)
-            averager._update_scheduler()
+            averager.move_to(averager.local_epoch + 1, round_steps=0)
         self._round_samples = 0
 
     def _should_average_state(self, next_epoch: int) -> bool:
@@ -613,7 +674,7 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._leave_round()
         self._downloads_since_outer_step += 1
         with self.tracker.pause_updates():
-            self._download_state_bounded(**kwargs)
+            self.downloads.download(self.state_averager, **kwargs)
             # the tracker's view of the swarm may be older than the state that came: let it not send us back
             self.tracker.update_epoch(new_epoch=self.local_epoch)
             if not self.client_mode:
@@ -643,10 +704,8 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
         averager = self.state_averager
         with averager.state_lock:
-            averager.local_epoch = epoch
             # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
-            averager.round_steps = self._send_step
-            averager._update_scheduler()
+            averager.move_to(epoch, round_steps=self._send_step)
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=epoch)
         self._restart_round(apart_from_swarm=True)
@@ -702,29 +761,17 @@ class DiLoCoOptimizer(SwarmOptimizer):
         self.state_averager.round_steps = int(round_steps)
 
     def shutdown(self):
+        """As hivemind.Optimizer's: goodbye to the tracker's peers, the pending state update, then the averagers."""
         self._leave_round()
-        super().shutdown()
+        self.tracker.shutdown(self.settings.shutdown_timeout)
+        self.state_averager.step(wait_for_delayed_updates=True)
+        self.state_averager.shutdown()
         self.outer_averager.shutdown()
 
-
-def build_diloco_optimizer(*, dht, config, model, task, averaging_log: AveragingLog) -> DiLoCoOptimizer:
-    """DiLoCoOptimizer from the config and task. Must run on the main thread (averagers call signal.signal)."""
-    swarm, diloco = config.swarm, config.swarm.diloco
-    return DiLoCoOptimizer(
-        **shared_optimizer_options(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log),
-        inner_optimizer=task.build_optimizer,
-        inner_scheduler=task.build_scheduler,
-        batch_size=config.training.batch_size,
-        inner_steps=diloco.inner_steps,
-        outer_lr=diloco.outer_lr,
-        outer_momentum=diloco.outer_momentum,
-        nesterov=diloco.nesterov,
-        max_straggler_wait=diloco.max_straggler_wait,
-        overlap_steps=diloco.overlap_steps,
-        overlap_mixing=diloco.overlap_mixing,
-        prescheduled_outer_rounds=swarm.prescheduled_averaging,
-        average_state_every=diloco.average_state_every,
-        state_check_tolerance=diloco.state_check_tolerance,
-        catch_up_by_averaging=swarm.catch_up_by_averaging is not False,  # on unless turned off
-        clip_local_grad_norm=swarm.clip_local_grad_norm,  # clips each inner step's gradient
-    )
+    def __del__(self):
+        # only a whole construction in the process that made it: a failed one shut its parts down already
+        # (shutting_down_on_failure), and a forked child must not shut down its parent's averagers
+        if self.__dict__.get("_parent_pid") == os.getpid() and all(
+            name in self.__dict__ for name in self._RUNNING_PARTS
+        ) and self.state_averager.is_alive():
+            self.shutdown()

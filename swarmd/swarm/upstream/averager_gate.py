@@ -23,10 +23,10 @@ from hivemind.proto import averaging_pb2
 
 from swarmd.swarm import exclusion
 from swarmd.swarm.allowlist import installed
-from swarmd.swarm.averager_pace import PacedAverager
-from swarmd.swarm.averager_shutdown import FinalizesRunningRoundsAtShutdown
-from swarmd.swarm.partial_rounds import ReportsPartialRounds
-from swarmd.swarm.robust_aggregation import AggregatesRobustly
+from swarmd.swarm.upstream.averager_pace import PacedAverager
+from swarmd.swarm.upstream.averager_shutdown import FinalizesRunningRoundsAtShutdown
+from swarmd.swarm.upstream.partial_rounds import ReportsPartialRounds
+from swarmd.swarm.upstream.robust_aggregation import AggregatesRobustly
 
 __all__ = ["AdmitsAllowedPeers", "admits", "admits_peer", "not_excluded"]
 
@@ -52,8 +52,8 @@ def admits_peer(allow_list, peer_id, where: str) -> bool:
 
 class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, ReportsPartialRounds, AggregatesRobustly):
     # (every swarmd averager has this class just above hivemind's, so it also carries the fewer DHT requests of
-    # swarm/averager_pace.py, the shutdown fix, the report of a partial round, swarm/partial_rounds.py, and the
-    # robust reduction of its share, swarm/robust_aggregation.py)
+    # swarm/upstream/averager_pace.py, the shutdown fix, the report of a partial round, swarm/upstream/partial_rounds.py, and the
+    # robust reduction of its share, swarm/upstream/robust_aggregation.py)
     _allow_list = None
     _exclusions = None
 

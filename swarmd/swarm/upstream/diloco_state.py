@@ -1,6 +1,6 @@
 """The DiLoCo peer's state as hivemind's state averager holds and serves it: the OUTER state (host copies of the
 parameters, the outer SGD and its momentum), plus the inner optimizer, its schedule and the round's progress, which
-a peer that downloads the state takes with it. swarm/diloco.py drives it."""
+a peer that downloads the state takes with it. swarm/strategies/diloco_optimizer.py drives it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
 
-from swarmd.swarm.optimizer import _ObservedStateAverager
-from swarmd.swarm.state_stream import shared_copy
+from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+from swarmd.swarm.upstream.state_stream import shared_copy
 
 __all__ = ["DiLoCoStateAverager"]
 
@@ -44,7 +44,7 @@ class HoldsDownloadUntilApplied(DecentralizedAverager):
             self.state_lock.release()
 
 
-class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
+class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
     """hivemind's state averager holding the OUTER state (host copies of the parameters, the outer SGD), plus the
     inner optimizer and schedule, which it shares with a peer that downloads the state."""
 
@@ -67,6 +67,33 @@ class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
     def inner_step(self) -> int:
         return self.local_epoch * self.inner_steps_per_epoch + self.round_steps
 
+    # --- what DiLoCoOptimizer does to it (under state_lock where others may read the state meanwhile) -------------
+
+    def attach_inner_optimizer(self, inner_optimizer, scheduler_factory: Optional[Callable], inner_steps: int) -> None:
+        """The inner optimizer works on the model's parameters themselves; this averager holds it with its schedule,
+        counted in inner steps, and serves both to joiners."""
+        self.inner_steps_per_epoch = inner_steps
+        self.inner_scheduler_factory = scheduler_factory
+        self.inner_optimizer = inner_optimizer
+        self._update_scheduler()
+
+    def count_inner_step(self) -> None:
+        """The inner optimizer stepped: one more step into the round, the schedule follows, and the model's
+        parameters moved (this peer's other ranks need them)."""
+        self.round_steps += 1
+        self._update_scheduler()
+        self.parameters_version += 1
+
+    def outer_parameters_to_model(self) -> None:
+        """The outer parameters (the offloaded optimizer's, on the host) become the model's."""
+        self._apply_optimizer_parameters_()
+
+    def move_to(self, epoch: int, round_steps: int) -> None:
+        """This peer's place in the run: outer step `epoch`, `round_steps` inner steps into its round."""
+        self.local_epoch = epoch
+        self.round_steps = round_steps
+        self._update_scheduler()
+
     def _update_scheduler(self):
         """Bring the inner schedule to the inner step (hivemind calls this after downloads, restore.py after loads)."""
         super()._update_scheduler()
@@ -87,7 +114,7 @@ class DiLoCoStateAverager(_ObservedStateAverager, HoldsDownloadUntilApplied):
             return self._current_state()
 
     def _current_state(self):
-        # Copies (_ObservedStateAverager.get_current_state): the averager process streams them to the downloader
+        # Copies (ObservedStateAverager.get_current_state): the averager process streams them to the downloader
         # later, while the next outer step may already be changing the live ones.
         metadata, tensors, infos = super().get_current_state()
         if self.inner_optimizer is not None:

@@ -1,5 +1,5 @@
-"""Moving a batch to the training device. torch only: the compute ranks (swarmd.ranks), which must not import
-hivemind, use it as well as the worker."""
+"""Moving a batch to the training device. torch only: every rank uses it, the worker (rank 0) and the compute
+ranks (compute_rank.py), which must not import hivemind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Mixed precision for the training worker: autocast, and fp16 loss scaling that fits hivemind.Optimizer.
+"""Mixed precision for every rank: autocast, and fp16 loss scaling that fits hivemind.Optimizer.
+
+Rank 0 (the worker) uses all of it; a compute rank (compute_rank.py) only the autocast, with
+`reuse_grad_buffers=False` (the loss scale comes from rank 0), so hivemind stays out of its process.
 
 - fp32: nothing.
 - bf16: autocast only; bf16 has fp32's exponent range, so no loss scaling.

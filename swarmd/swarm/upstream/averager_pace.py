@@ -25,11 +25,11 @@ its group at once (upstream's own path for an expired declaration), though not b
 the matchmaking time. Peers that have not joined by then average in the next round, as those that come after the
 expiration do upstream. A round that was not pre-scheduled (due within a tenth of the matchmaking time of its
 search's start) keeps upstream's whole matchmaking time. Only the gradient averager turns it on
-(swarm/optimizer.py): all its peers are triggered by one event, the swarm's epoch end. A DiLoCo outer round is
+(swarm/upstream/optimizer.py): all its peers are triggered by one event, the swarm's epoch end. A DiLoCo outer round is
 triggered by each peer's own H-th step, and a fast leader that assembled at its own would leave the slower
 members' parts to time out in the all-reduce; those rounds keep the scheduled time.
 
-`PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/averager_gate.py). The
+`PacedAverager` sits just above DecentralizedAverager in every swarmd averager (via swarm/upstream/averager_gate.py). The
 three settings are averager arguments (`swarm.averager_opts`); 0 / false gives upstream's behaviour, for
 side-by-side benchmarks.
 """
@@ -173,7 +173,7 @@ class PacedAverager(DecentralizedAverager):
         # upstream builds its Matchmaking inside the averager's process (averager.py l.289); its leaders are swapped
         # for paced ones before any search begins
         # (and with exclusions on, swarm/exclusion.py, so that an excluded peer is never asked to lead)
-        exclusions = getattr(self, "_exclusions", None)  # set by swarm/averager_gate.py's subclass
+        exclusions = getattr(self, "_exclusions", None)  # set by swarm/upstream/averager_gate.py's subclass
         if self.matchmaking_poll_interval > 0 or self.assemble_when_triggered or exclusions is not None:
             leaders = matchmaking.potential_leaders
             matchmaking.potential_leaders = PacedPotentialLeaders(

@@ -1,0 +1,452 @@
+"""hivemind.Optimizer, made observable and bounded for a long-running daemon.
+
+`SwarmOptimizer`, the optimizer of `swarm.strategy: sync` (swarm/strategies/sync.py builds it from the config), is
+hivemind.Optimizer (pinned at 1.1.12) built from swarmd's parts (peer_parts.py, state_averager.py,
+gradient_averager.py) with these changes, each overriding one method:
+- every gradient and state averaging round is recorded (outcome, group size, duration) in an AveragingLog,
+  since hivemind only logs them;
+- an averaged gradient that is NaN/Inf or implausibly large against this peer's own gradient is rejected and
+  the step uses the local gradient: hivemind's all-reduce is a plain weighted mean of whatever peers send, so
+  one broken or hostile peer would otherwise steer everyone (see docs/FAULTS.md);
+- `load_state_from_peers` gives up after N attempts instead of retrying forever (upstream l.693-703);
+- with `catch_up_by_averaging`, a peer whose download ended with the swarm further on than one epoch does not
+  download again (on a slow link the next one would end behind too) but takes the swarm's epoch and catches up by
+  averaging: it weighs next to nothing in the averages until the next state averaging gives it the swarm's
+  parameters;
+- averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
+  and burns about one CPU core doing so (see docs/PERFORMANCE.md);
+- successful state downloads from peers are counted;
+- after a download that the swarm outran, the peer takes the swarm's parameters again without the optimizer's
+  statistics (a third of the bytes) instead of downloading the whole state again (swarm/upstream/parameter_refresh.py);
+- when a state average is applied, how far this peer's parameters were from it is measured (the drift);
+- progress is published to the DHT every quarter of the time left to the epoch's end (0.5-10 s) instead of
+  after every step (progress.py); every averager paces its DHT requests (averager_pace.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from hivemind.averaging.control import StepControl
+from hivemind.optim import Optimizer
+
+from swarmd.swarm import averager_keys
+from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
+from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
+from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
+from swarmd.swarm.upstream.peer_parts import (
+    CATCHING_UP_WEIGHT,
+    AveragerSettings,
+    StateDownloads,
+    StateLoadFailed,
+    StateRefused,
+    clip_local_gradients,
+    implausible_average,
+    outliers_clipped_total,
+    shutting_down_on_failure,
+    start_progress_tracker,
+    start_state_averager,
+)
+from swarmd.swarm.upstream.progress import ThrottledProgressTracker
+from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+
+__all__ = ["SwarmOptimizer", "StateLoadFailed", "StateRefused"]
+
+logger = logging.getLogger(__name__)
+
+# After a state download that ended behind, this many parameter refreshes (parameter_refresh.py) before the next
+# whole download: where even the parameters alone take longer than the swarm's epoch, refreshing cannot end the
+# chase, and a whole download at least brings the optimizer's statistics up to date.
+MAX_REFRESHES_PER_DOWNLOAD = 3
+
+
+class SwarmOptimizer(Optimizer):
+    # True while the peer holds the swarm's epoch ahead of its state (catching up by averaging, below and in
+    # diloco.py): the worker then neither evaluates nor checkpoints under that epoch, and nobody downloads it.
+    catching_up = False
+    # True from a download or refresh that left this sync peer's state short of the swarm's exact one (its
+    # parameters a step stale: upstream's "one epoch behind is close enough"; or the swarm's parameters with the
+    # older optimizer statistics of a refresh) until a state round with others has averaged it: its parameters
+    # drift from the swarm's with every step (5 % of their norm by the next state round in
+    # tests/swarm/test_sync_catch_up.py, 16-17 % for a 20M-parameter joiner: docs/PERFORMANCE.md section 5), and
+    # that round would pull the swarm's toward them by its share. Meanwhile it weighs next to nothing in state
+    # rounds. Its gradients keep their weight (taken at the swarm's parameters, or a step from them, as upstream
+    # allows), and it still serves downloads: refusing could leave a newcomer nobody to download from.
+    inexact_state = False
+
+    def __init__(
+        self,
+        *,
+        averaging_log: AveragingLog,
+        load_state_attempts: int = 3,
+        refresh_parameters: bool = True,
+        state_stream: bool = True,
+        catch_up_by_averaging: bool = False,
+        prescheduled_averaging: bool = True,
+        guard_gradient_norm_ratio: float = 0.0,
+        clip_local_grad_norm: Optional[float] = None,
+        **kwargs,
+    ):
+        self.clip_local_grad_norm = clip_local_grad_norm
+        # set before super().__init__: it builds the averagers, which use these
+        self.averaging_log = averaging_log
+        self.refresh_parameters = refresh_parameters
+        self.state_stream = state_stream
+        self.catch_up_by_averaging = catch_up_by_averaging
+        self.prescheduled_averaging = prescheduled_averaging
+        self.guard_gradient_norm_ratio = guard_gradient_norm_ratio
+        # upstream documents averager_opts as "forwarded to both" averagers but gives them to the state averager
+        # only; the gradient averager then keeps request_timeout=3 s, above a short matchmaking_time (deadlock risk)
+        self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
+        if not kwargs.get("use_local_updates"):
+            # gated in a private swarm, and keeping this peer's own contribution: what the guard judges the average
+            # against, and what a failed or partial round falls back to (_step_on_own_contribution)
+            kwargs.setdefault("grad_averager_factory", GradientAveragerKeepingOwn)
+        self.downloads = StateDownloads(
+            attempts=load_state_attempts, timeout=kwargs.get("load_state_timeout", 600.0), dht=kwargs["dht"]
+        )
+        self._downloads_since_global_step = 0
+        self.parameter_refreshes_total = 0
+        self._refreshes_since_download = 0
+        self._rounds_with_others_at_catch_up = 0
+        self._rounds_with_others_at_inexact_state = 0
+        with shutting_down_on_failure(self, self._RUNNING_PARTS):
+            super().__init__(**kwargs)
+
+    # What construction starts (threads, averager processes), in the order it shuts them down
+    _RUNNING_PARTS = ("tracker", "grad_averager", "state_averager")
+
+    @property
+    def outliers_clipped_total(self) -> int:
+        return outliers_clipped_total(self, self._RUNNING_PARTS)
+
+    def __del__(self):
+        # Upstream's __del__ reads the averagers, which a failed construction may not have made; its AttributeError
+        # would surface from the garbage collector as an "unraisable" exception. Python 3.11 formats those with
+        # ast.parse, and when the collection runs inside another ast.parse (pytest formatting a failure) both fail
+        # with SystemError "AST constructor recursion depth mismatch" (CPython gh-106905): a CI run ended so.
+        if all(name in self.__dict__ for name in self._RUNNING_PARTS):
+            super().__del__()
+
+    def step(self, closure=None, batch_size=None, grad_scaler=None):
+        # a scaled, accumulating .grad (grad_scaler) is refused by the config: clipping it would clip a partial sum
+        if grad_scaler is None and not self.auxiliary:
+            clip_local_gradients(self.param_groups, self.clip_local_grad_norm)
+        loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        if self.catching_up:
+            self._maybe_end_catch_up()
+        if self.inexact_state:
+            self._maybe_end_inexact_state()
+        return loss
+
+    # --- construction: upstream's hooks, with swarmd's parts (peer_parts.py) -------------------------------
+
+    @property
+    def averager_settings(self) -> AveragerSettings:
+        return AveragerSettings(
+            dht=self.dht, run_id=self.run_id, matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout, next_chunk_timeout=self.next_chunk_timeout,
+            shutdown_timeout=self.shutdown_timeout, client_mode=self.client_mode,
+        )
+
+    def _make_state_averager(self, **kwargs) -> ObservedStateAverager:
+        # Same arguments as upstream's, with the recording subclass under swarmd's key (averager_keys.py).
+        return start_state_averager(
+            ObservedStateAverager, self.averager_settings, averager_keys.STATE,
+            averaging_log=self.averaging_log, on_state_loaded=self._count_state_load, state_stream=self.state_stream,
+            offload_optimizer=self.offload_optimizer, status_loglevel=self.status_loglevel, auxiliary=self.auxiliary,
+            **kwargs,
+        )
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ThrottledProgressTracker:
+        return start_progress_tracker(
+            ThrottledProgressTracker, self.averager_settings, target_batch_size, status_loglevel=self.status_loglevel,
+            **kwargs,
+        )
+
+    def _make_gradient_averager(self, factory, **kwargs):
+        return super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
+
+    @property
+    def state_loads_total(self) -> int:
+        """Downloads (and parameter refreshes) of the swarm's state so far."""
+        return self.downloads.total
+
+    @property
+    def parameters_version(self) -> tuple[int, int]:
+        """Changes whenever hivemind may have written the model's parameters (a step, averaged state, a state
+        download); what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
+        return (self.state_averager.parameters_version, self.state_loads_total)
+
+    def _count_state_load(self) -> None:
+        self.downloads.count()
+        self._downloads_since_global_step += 1
+        self._refreshes_since_download = 0
+
+    def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        began = super()._begin_averaging_gradients(grad_scaler)
+        if not began:  # alone in the swarm (or the round could not start): the step uses local gradients
+            self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
+            self.grad_averager.load_accumulators_into_averager_()  # what upstream does next (idempotent)...
+            self._measure_grad_norm()  # ...so that the norm is that of this epoch's local gradient
+        return began
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Optional[StepControl]):
+        # Upstream's logic, keeping the outcome that upstream only logs.
+        if maybe_step_control is None:
+            self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
+            self._load_local_gradients_into_optimizer()
+            return
+        started = time.perf_counter()
+        try:
+            group_info = maybe_step_control.result(self.averaging_timeout)
+            missing = missing_share(group_info)
+            if missing:
+                self._use_own_gradients_after_partial_round(
+                    missing, time.perf_counter() - started, RoundTimeline.of(maybe_step_control)
+                )
+                return
+            implausible = self._implausible_average()
+            if implausible:
+                self._replace_average_with_own_gradients()
+            self._load_averaged_gradients_into_optimizer_()
+        except BaseException as e:
+            logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
+            self.averaging_log.record(
+                "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
+                epoch=self.local_epoch, error=repr(e), timeline=RoundTimeline.of(maybe_step_control),
+            )
+            self._step_on_own_contribution()
+            return
+        if implausible:
+            logger.warning("Rejected the averaged gradients (%s); this epoch uses local gradients", implausible)
+        self.averaging_log.record(
+            "gradients", "rejected" if implausible else "success", group_size=len(group_info),
+            duration=time.perf_counter() - started, epoch=self.local_epoch, error=implausible,
+            timeline=RoundTimeline.of(maybe_step_control),
+        )
+
+    def _use_own_gradients_after_partial_round(
+        self, missing: float, duration: float, timeline: Optional[RoundTimeline] = None
+    ) -> None:
+        """Part of the average did not arrive: the buffers hold the average where it came and this peer's own
+        gradient elsewhere, a mix no other peer has. Step on the own gradient, as after a failed round, and have
+        the group average its state at this epoch's end (resync_requested), so that its members hold one model
+        again instead of drifting apart until the next scheduled state round."""
+        logger.warning(
+            "Averaging gradients returned %.1f%% of the average (a reducer failed or was late, or its average was "
+            "refused as implausible); this epoch uses local gradients and the group averages its parameters at the "
+            "epoch's end", 100 * (1 - missing),
+        )
+        self.averaging_log.record(
+            "gradients", "partial", group_size=1, duration=duration, epoch=self.local_epoch,
+            error=what_did_not_arrive(missing), timeline=timeline,
+        )
+        self.state_averager.resync_requested = True
+        self._step_on_own_contribution()
+
+    def _step_on_own_contribution(self) -> None:
+        """After a round that began and failed (or came back in part): the gradient this peer contributed to it, kept
+        when the round began. Upstream's fallback (_load_local_gradients_into_optimizer) reloads the accumulators,
+        which the round's start has already reset (GradientAverager.step): it would step on zeros."""
+        if getattr(self.grad_averager, "own_gradients", None) is None:
+            self._load_local_gradients_into_optimizer()  # not a swarmd gradient averager: upstream's way
+            return
+        self._replace_average_with_own_gradients()
+        self._load_averaged_gradients_into_optimizer_()
+
+    def _implausible_average(self) -> str:
+        """Why the averaged gradient cannot be trusted, or "" if it can.
+
+        An honest average is a weighted mean of similar gradients, so its norm is at most the largest of them:
+        far above this peer's own norm means someone sent garbage (or a reducer returned it).
+        """
+        own = getattr(self.grad_averager, "own_gradients", None)
+        if self.guard_gradient_norm_ratio <= 0 or own is None or self.auxiliary:
+            return ""
+        with self.grad_averager.get_tensors() as averaged:
+            return implausible_average(own, list(averaged), self.guard_gradient_norm_ratio)
+
+    last_grad_norm: Optional[float] = None  # of the gradient the last global step used (averaged, or local)
+
+    def _load_averaged_gradients_into_optimizer_(self):
+        super()._load_averaged_gradients_into_optimizer_()  # a failed round's local fallback goes through here too
+        self._measure_grad_norm()
+
+    def _measure_grad_norm(self) -> None:
+        """The norm of the gradient in the averager's buffers: the one this epoch's optimizer step uses."""
+        import torch
+
+        with torch.no_grad(), self.grad_averager.get_tensors() as gradients:
+            norms = torch._foreach_norm(list(gradients))
+            self.last_grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+
+    def _replace_average_with_own_gradients(self) -> None:
+        with self.grad_averager.get_tensors() as averaged:
+            for target, own in zip(averaged, self.grad_averager.own_gradients):
+                target.copy_(own)
+
+    # --- no matchmaking with nobody ----------------------------------------------------------------------
+
+    def _alone(self) -> bool:
+        return self.tracker.global_progress.num_peers <= 1
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        if self.prescheduled_averaging and not self._alone():
+            super()._maybe_schedule_gradient_averaging()
+        elif self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done()):
+            # Only upstream's scheduling replaces a finished round; left in place, it makes the next global step
+            # skip averaging ("Not using pre-scheduled group"), i.e. every other step without pre-scheduling.
+            self.scheduled_grads = None
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        if not self._alone():
+            super()._maybe_schedule_state_averaging()
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        super()._update_global_epoch(grad_scaler)
+        self._downloads_since_global_step = 0
+
+    # hivemind reads average_state_every where it decides whether an epoch's end averages state (and pre-schedules
+    # that round): after a partial round, the next epoch's end does, so that the group holds one model again
+    @property
+    def average_state_every(self) -> int:
+        averager = self.__dict__.get("state_averager")
+        return 1 if averager is not None and averager.resync_requested else self._average_state_every
+
+    @average_state_every.setter
+    def average_state_every(self, every: int) -> None:
+        self._average_state_every = every
+
+    # --- bounded state download, or catching up by averaging ----------------------------------------------
+
+    def load_state_from_peers(self, **kwargs):
+        """Upstream's load_state_from_peers with a bounded number of attempts (raises StateLoadFailed); or, when
+        the last download already ended behind the swarm, catching up by averaging instead."""
+        if self.scheduled_grads is not None and not self.scheduled_grads.done():
+            self._tag_along_with_zero_weight(self.scheduled_grads)
+            self.scheduled_grads = None
+        self.state_averager.step(wait_for_delayed_updates=True)
+
+        with self.tracker.pause_updates():
+            if self._should_catch_up_by_averaging():
+                self._catch_up_by_averaging()
+            else:
+                refreshed = self._download_parameters_again()
+                if not refreshed:
+                    self.downloads.download(self.state_averager, **kwargs)
+                self.catching_up = False  # the swarm's own state (its weights and sharing: just below)
+                one_behind = self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch
+                if one_behind:
+                    # upstream's rule: one epoch behind is close enough (a gradient one step stale)
+                    logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
+                    self.state_averager.local_epoch = self.tracker.global_epoch
+                self._set_inexact_state(refreshed or one_behind)
+            self._start_epoch_afresh()
+
+    def _download_parameters_again(self) -> bool:
+        """A download since the last global step already ended behind the swarm (its epochs are shorter than a
+        download): take the swarm's parameters again without the optimizer statistics, a third of the bytes
+        (swarm/upstream/parameter_refresh.py). False where that does not apply or no peer sent them: download the state."""
+        if not (
+            self.refresh_parameters
+            and self._downloads_since_global_step >= 1
+            and self._refreshes_since_download < MAX_REFRESHES_PER_DOWNLOAD
+            and not self.auxiliary
+        ):
+            return False
+        self._refreshes_since_download += 1
+        started = time.monotonic()
+        try:
+            refreshed = self.state_averager.load_parameters_from_peers(timeout=self.load_state_timeout)
+        except Exception as e:  # noqa: BLE001 - a timeout or a broken peer: the whole download is the way left
+            logger.warning("Could not take the swarm's parameters again (%r); downloading its whole state", e)
+            return False
+        if not refreshed:
+            logger.info("No peer sent its parameters alone (plain hivemind peers do not); downloading the whole state")
+            return False
+        self.parameter_refreshes_total += 1
+        self.downloads.total += 1  # a load from peers all the same: e.g. the worker's parameter guard lets it pass
+        logger.info(
+            "The swarm outran the state download: took its parameters again, of epoch %d, in %.1f s "
+            "(refresh #%d; the optimizer statistics stay those of the download)",
+            self.local_epoch, time.monotonic() - started, self.parameter_refreshes_total,
+        )
+        return True
+
+    def _start_epoch_afresh(self) -> None:
+        """After a download or a catch-up: nothing accumulated yet at the (new) epoch, served under it."""
+        self.tracker.report_local_progress(local_epoch=self.local_epoch, samples_accumulated=0)
+        if not self.client_mode:
+            self.state_averager.state_sharing_priority = self.local_epoch
+        if self.use_gradient_averaging:
+            self.grad_averager.reset_accumulated_grads_()
+            if not self.client_mode:
+                self.grad_averager.state_sharing_priority = self.local_epoch
+
+    def _should_catch_up_by_averaging(self) -> bool:
+        """A download since the last global step already ended more than an epoch behind: the swarm's epochs are
+        shorter than a download (docs/PERFORMANCE.md section 5), so another would end behind too. Only where the
+        state averaging that repairs it comes with gradient averaging (with local updates, downloads stay)."""
+        return (
+            self.catch_up_by_averaging
+            # a peer that is catching up stays so: its state is not the swarm's, a download would end behind as well
+            and (self._downloads_since_global_step >= 1 or self.catching_up)
+            and self.local_epoch < self.tracker.global_epoch  # others are ahead: there is a swarm to average with
+            and self.use_gradient_averaging
+            and not self.auxiliary
+        )
+
+    def _catch_up_by_averaging(self) -> None:
+        """Take the swarm's epoch with this peer's older state, and train on: nobody downloads from it, it weighs
+        next to nothing in the gradient rounds, and in the next state averaging (every average_state_every epochs),
+        which gives it the swarm's parameters and statistics."""
+        epoch = self.tracker.global_epoch
+        logger.warning(
+            "The swarm moved on during the state download (this peer's state is of epoch %d): joining the swarm's "
+            "epoch %d and taking its parameters by averaging in the next state round (every %d epochs) instead of "
+            "downloading again", self.local_epoch, epoch, self.average_state_every,
+        )
+        self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
+        self._rounds_with_others_at_catch_up = self.state_averager.rounds_with_others
+        self.state_averager.local_epoch = epoch
+        self.state_averager._update_scheduler()
+
+    def _maybe_end_catch_up(self) -> None:
+        if self.state_averager.applied_a_round_with_others_since(self._rounds_with_others_at_catch_up):
+            logger.info("Took the swarm's parameters by averaging: caught up at epoch %d", self.local_epoch)
+            self._set_catching_up(False)
+        elif self.tracker.other_peers == 0:
+            logger.info("The swarm is this peer alone now: its state is the swarm's (epoch %d)", self.local_epoch)
+            self._set_catching_up(False)
+
+    def _set_catching_up(self, catching_up: bool) -> None:
+        """While catching up, this peer's state is older than its epoch says: nobody may download it, and it
+        weighs next to nothing in the averages: its gradients, taken at those older parameters, would pull the
+        swarm back (measured: docs/PERFORMANCE.md section 5), and its state would too."""
+        self.catching_up = catching_up
+        self._apply_round_weights()
+
+    def _set_inexact_state(self, inexact: bool) -> None:
+        if inexact and not self.inexact_state:
+            self._rounds_with_others_at_inexact_state = self.state_averager.rounds_with_others
+        self.inexact_state = inexact
+        self._apply_round_weights()
+
+    def _maybe_end_inexact_state(self) -> None:
+        if self.state_averager.applied_a_round_with_others_since(self._rounds_with_others_at_inexact_state):
+            logger.info("A state round evened this peer's parameters out with the swarm's (epoch %d)", self.local_epoch)
+            self._set_inexact_state(False)
+        elif self.tracker.other_peers == 0:
+            self._set_inexact_state(False)  # alone: its state is the swarm's
+
+    def _apply_round_weights(self) -> None:
+        """This peer's weights in the rounds and whether it serves downloads, from catching_up and inexact_state."""
+        inexact = self.catching_up or self.inexact_state
+        self.state_averager.round_weight = CATCHING_UP_WEIGHT if inexact else None
+        if isinstance(self.grad_averager, AdmittingGradientAverager):
+            self.grad_averager.round_weight = CATCHING_UP_WEIGHT if self.catching_up else None
+        if not self.client_mode:
+            self.state_averager.allow_state_sharing = not self.catching_up

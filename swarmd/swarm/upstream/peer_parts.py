@@ -1,0 +1,193 @@
+"""What every strategy's optimizer is made of, as parts it composes: its averagers' common settings, its progress
+tracker and state averager started the way hivemind.Optimizer starts them, bounded and counted state downloads, the
+local gradients' clipping, and the shutdown of what a construction that fails part-way had started.
+
+The sync strategy's SwarmOptimizer (optimizer.py) is a hivemind.Optimizer and plugs these into upstream's
+construction hooks; DiLoCo's optimizer (swarm/strategies/diloco_optimizer.py) is not, and builds itself from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from swarmd.swarm import averager_keys
+
+__all__ = [
+    "CATCHING_UP_WEIGHT", "AveragerSettings", "StateDownloads", "StateLoadFailed", "StateRefused",
+    "clip_local_gradients", "implausible_average", "outliers_clipped_total", "shutting_down_on_failure",
+    "start_progress_tracker", "start_state_averager",
+]
+
+logger = logging.getLogger(__name__)
+
+# A peer catching up by averaging weighs this much in the state round: it takes the swarm's state, not its older one
+# (not 0: a group of such peers alone would divide by a zero total weight)
+CATCHING_UP_WEIGHT = 1e-6
+
+
+class StateLoadFailed(RuntimeError):
+    """Downloading the swarm's state failed `load_state_attempts` times in a row."""
+
+
+class StateRefused(StateLoadFailed):
+    """Every peer that offers its state refused to send it (not retried: the next attempt would be refused too)."""
+
+
+@dataclass(frozen=True)
+class AveragerSettings:
+    """What every averager of one peer starts with, as hivemind.Optimizer gives its own: the DHT, the run's prefix,
+    the timeouts and the client mode."""
+
+    dht: Any
+    run_id: str
+    matchmaking_time: float
+    allreduce_timeout: float
+    next_chunk_timeout: float
+    shutdown_timeout: float
+    client_mode: bool
+
+    def of(self, suffix: str) -> dict:
+        """The keyword arguments of the averager keyed `suffix` (swarm/averager_keys.py)."""
+        return dict(
+            dht=self.dht,
+            prefix=averager_keys.averager_prefix(self.run_id, suffix),
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            next_chunk_timeout=self.next_chunk_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            client_mode=self.client_mode,
+            start=True,
+        )
+
+
+def start_state_averager(
+    averager_type: type, settings: AveragerSettings, suffix: str, *, averaging_log, on_state_loaded, state_stream: bool,
+    offload_optimizer: bool, status_loglevel: int, auxiliary: bool, **kwargs,
+):
+    """A state averager (state_averager.py ObservedStateAverager or a subclass) as upstream's Optimizer starts one."""
+    return averager_type(
+        averaging_log=averaging_log,
+        on_state_loaded=on_state_loaded,
+        download_by_stream=state_stream,
+        offload_optimizer=offload_optimizer,
+        custom_gradients=offload_optimizer,
+        status_loglevel=status_loglevel,
+        auxiliary=auxiliary,
+        **settings.of(suffix),
+        **kwargs,
+    )
+
+
+def start_progress_tracker(tracker_type: type, settings: AveragerSettings, target_batch_size: int, *,
+                           status_loglevel: int, **kwargs):
+    """A progress tracker (progress.py ThrottledProgressTracker or a subclass) under the run's prefix."""
+    return tracker_type(
+        dht=settings.dht,
+        prefix=settings.run_id,
+        target_batch_size=target_batch_size,
+        client_mode=settings.client_mode,
+        status_loglevel=status_loglevel,
+        start=True,
+        **kwargs,
+    )
+
+
+class StateDownloads:
+    """The swarm's state downloaded into a peer's state averager: `attempts` tries at most, each bounded by
+    `timeout`, and counted (`total`, which the worker's parameter guard and the ranks read as "the state was
+    replaced")."""
+
+    def __init__(self, *, attempts: int, timeout: float, dht):
+        self.attempts, self.timeout, self.dht = attempts, timeout, dht
+        self.total = 0
+        self.last_time: Optional[float] = None
+
+    def count(self, what: str = "the swarm's state") -> None:
+        self.total += 1
+        self.last_time = time.time()
+        logger.info("Downloaded %s from a peer (download #%d)", what, self.total)
+
+    def download(self, state_averager, **kwargs) -> None:
+        """Raises StateLoadFailed after `attempts` failures, StateRefused when every peer that offers its state
+        refused it (retrying would be refused too)."""
+        for attempt in range(1, self.attempts + 1):
+            loads, refusals = self.total, state_averager.download_refusals.value
+            try:
+                # Upstream's Optimizer then downloads the gradient averager's "state" too (its gradient buffers: the
+                # parameters' size again), which DecentralizedAverager.load_state_from_peers only returns, and
+                # nobody applies (the accumulators are reset right after): not asked for here, nor served
+                # (gradient_averager.py).
+                state_averager.load_state_from_peers(timeout=self.timeout, **kwargs)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                logger.warning("Downloading state from peers failed (attempt %d/%d): %r", attempt, self.attempts, e)
+                continue
+            refused = state_averager.download_refusals.value - refusals
+            if self.total == loads and refused:
+                raise StateRefused(
+                    f"every peer that offers the swarm's state refused to send it ({refused} peer(s)): in a private "
+                    f"swarm this peer ({self.dht.peer_id}) must be on network.allowed_peers; ask the run's operator "
+                    "to add it"
+                )
+            return
+        raise StateLoadFailed(f"could not download the swarm's state in {self.attempts} attempts")
+
+
+def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:
+    """`swarm.clip_local_grad_norm`: each local step's own (unscaled) gradient is clipped before it is used
+    (accumulated into the swarm's average; under DiLoCo, the inner step), as hivemind's ALBERT example does through
+    HF Trainer's max_grad_norm."""
+    if not max_norm:
+        return
+    import torch
+
+    params = [p for group in param_groups for p in group["params"] if p.grad is not None]
+    if params:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+@contextlib.contextmanager
+def shutting_down_on_failure(owner, part_names: tuple[str, ...]):
+    """A construction that raises (a DHT that does not answer, an averager that does not start) shuts down the
+    parts it started (`owner`'s attributes `part_names`, in that order): an averager's process and the tracker's
+    thread would otherwise outlive the error."""
+    try:
+        yield
+    except BaseException:
+        for name in part_names:
+            part = owner.__dict__.get(name)
+            if part is None or not part.is_alive():
+                continue
+            try:
+                part.shutdown()
+            except Exception as e:  # the construction's error is the one to report
+                logger.warning("Could not shut down %s of a failed construction: %r", name, e)
+        raise
+
+
+def outliers_clipped_total(owner, part_names: tuple[str, ...]) -> int:
+    """Senders that `owner`'s averagers clipped as outliers, one per sender and round (robust_aggregation.py)."""
+    counters = (getattr(getattr(owner, name, None), "outliers_clipped", None) for name in part_names)
+    return sum(counter.value for counter in counters if counter is not None)
+
+
+def implausible_average(own: list, averaged: list, norm_ratio: float) -> str:
+    """Why an average of peers' tensors cannot be trusted against this peer's own contribution, or "" if it can.
+
+    An honest average is a weighted mean of similar tensors, so its norm is at most the largest of them: far above
+    this peer's own norm means someone sent garbage (or a reducer returned it). `norm_ratio` 0 checks finiteness only.
+    """
+    import torch
+
+    own_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(own))))
+    average_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(averaged))))
+    if average_norm != average_norm or average_norm == float("inf"):
+        return "the average is not finite"
+    if norm_ratio > 0 and own_norm > 0 and average_norm > norm_ratio * own_norm:
+        return f"its norm {average_norm:.3g} is {average_norm / own_norm:.3g}x this peer's {own_norm:.3g}"
+    return ""

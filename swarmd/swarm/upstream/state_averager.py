@@ -1,0 +1,186 @@
+"""The state averager of every strategy: hivemind's TrainingStateAverager, observed (every state round recorded,
+the parameters' drift from the average measured, every write of the model's parameters counted), weighted (a peer
+catching up weighs next to nothing) and safe to serve from (copies, not the live tensors). DiLoCo's
+(diloco_state.py) adds its outer state on top."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+from hivemind.averaging.control import StepControl
+from hivemind.optim.state_averager import TrainingStateAverager
+
+from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
+from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
+from swarmd.swarm.upstream.parameter_refresh import ServesParameters
+from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
+from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
+from swarmd.swarm.upstream.state_stream import shared_copy
+
+__all__ = ["ObservedStateAverager"]
+
+logger = logging.getLogger(__name__)
+
+
+class RecordsRounds(AdmitsAllowedPeers):
+    """Sits between TrainingStateAverager and DecentralizedAverager in the MRO, where every round starts (above the
+    gate that refuses callers outside a private swarm's list, swarm/upstream/averager_gate.py)."""
+
+    _averaging_log: AveragingLog
+    _epoch_of_round: Callable[[], int]
+    _on_state_loaded: Callable[[], None]
+    rounds_with_others = 0  # state rounds that succeeded in a group of two or more
+    # A gradient or state round came back in part (swarm/upstream/partial_rounds.py): the group's members hold different
+    # models. SwarmOptimizer then averages state at the next epoch's end, whatever average_state_every says.
+    resync_requested = False
+
+    def step(self, *args, **kwargs):
+        control = super().step(*args, **kwargs)
+        if isinstance(control, StepControl):
+            created = time.time()
+            control.add_done_callback(lambda future: self._record_state_round(future, created))
+        return control
+
+    def _record_state_round(self, control: StepControl, created: float) -> None:
+        # Pre-scheduled rounds are created before they may start: time the round from its scheduled start.
+        duration = max(0.0, time.time() - max(created, control.scheduled_time))
+        epoch = self._epoch_of_round()
+        if control.cancelled():
+            self._averaging_log.record("state", "skipped", group_size=1, duration=0.0, epoch=epoch)
+            return
+        self.resync_requested = False  # a state round ran: the request is served, whatever its outcome
+        error = control.exception()
+        missing = missing_share(control.result()) if error is None else 0.0
+        timeline = RoundTimeline.of(control)
+        if error is not None:
+            self._averaging_log.record(
+                "state", "failed", group_size=1, duration=duration, epoch=epoch, error=repr(error), timeline=timeline
+            )
+        elif missing:
+            logger.warning("Averaging parameters returned %.1f%% of the average; averaging them again at the next "
+                           "epoch's end", 100 * (1 - missing))
+            self.resync_requested = True
+            self._averaging_log.record("state", "partial", group_size=1, duration=duration, epoch=epoch,
+                                       error=what_did_not_arrive(missing), timeline=timeline)
+        else:
+            group_size = len(control.result())
+            self.rounds_with_others += group_size >= 2
+            self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch,
+                                       timeline=timeline)
+
+    def load_state_from_peers(self, *args, **kwargs):
+        loaded = super().load_state_from_peers(*args, **kwargs)
+        if loaded is not None:
+            self._on_state_loaded()
+        return loaded
+
+
+class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAverager, RecordsRounds):
+    _upstream = TrainingStateAverager
+
+    def __init__(self, *, averaging_log: AveragingLog, on_state_loaded: Callable[[], None], **kwargs):
+        self._averaging_log = averaging_log
+        self._on_state_loaded = on_state_loaded
+        self._epoch_of_round = lambda: self.local_epoch
+        super().__init__(**kwargs)
+
+    def get_current_state(self):
+        """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`
+        of a CPU tensor is itself), and its host thread sends them to the averager process through a pipe, whose
+        pickler (torch.multiprocessing's) moves each storage into shared memory in place: the old memory is freed
+        under the training thread that is stepping or reading it, and the serving peer dies of a SIGSEGV
+        (docs/PERFORMANCE.md section 5). A copy costs one more pass over the state per download served; made in
+        shared memory, it is the only one (the pipe then passes it by handle)."""
+        metadata, tensors, infos = super().get_current_state()
+        return metadata, [shared_copy(tensor) for tensor in tensors], infos
+
+    # Counts the ways hivemind writes the model's own parameters, so the data-parallel ranks of this peer
+    # (swarmd.ranks) get them again exactly when they changed: averaged state applied, the offloaded optimizer's
+    # parameters copied back, or the local optimizer stepping them in place.
+    parameters_version = 0
+
+    # How far this peer's parameters were from the swarm's average at the last state averaging (L2 distance over
+    # the average's norm; None until one applied): after failed or rejected gradient rounds a peer steps on its own
+    # gradients and drifts, and only parameter averaging (every average_state_every epochs) pulls it back.
+    last_parameter_drift: Optional[float] = None
+
+    def _apply_averaging_results_(self):
+        self.last_parameter_drift = self._parameter_drift()
+        super()._apply_averaging_results_()
+        self.parameters_version += 1
+
+    # With the optimizer offloaded (hivemind's default on CPU) a round averages the optimizer's parameters in place
+    # (reuse_tensors) and nothing is applied afterwards: the drift is then measured against a copy taken between
+    # the optimizer step and the all-reduce (hivemind's _do calls _update_scheduler there, under lock_optimizer).
+    _copy_before_round = False
+    _own_before_round: Optional[list] = None
+
+    def _update_scheduler(self):
+        super()._update_scheduler()
+        if self._copy_before_round:
+            self._copy_before_round = False
+            with self.get_tensors() as tensors:
+                count = len(self.main_parameters)
+                self._own_before_round = [tensor.detach().float().clone() for tensor in list(tensors)[:count]]
+
+    def _measure_drift_of_round_in_place(self) -> None:
+        own, self._own_before_round = self._own_before_round, None
+        drift = self._parameter_drift(own) if own is not None else None
+        if drift:  # 0: the round failed and left the tensors as they were (or nothing had moved: nothing new)
+            self.last_parameter_drift = drift
+
+    def _parameter_drift(self, own: Optional[list] = None) -> Optional[float]:
+        import torch
+
+        try:
+            count = len(self.main_parameters)
+            with self.get_tensors() as averaged_tensors:
+                averaged = [tensor.detach().float() for tensor in list(averaged_tensors)[:count]]
+                if own is None and self.delta_rule_averaging and self._old_tensors is not None:
+                    own = list(self._old_tensors)[:count]  # what this peer sent: its parameters have moved since
+                elif own is None:
+                    own = list(self._local_tensors())[:count]
+                own = [tensor.detach().to("cpu", torch.float32) for tensor in own]
+                distance = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(torch._foreach_sub(own, averaged))))
+                size = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(averaged)))
+            return float(distance / size) if size > 0 else None
+        except Exception as e:  # noqa: BLE001 - a measurement must never break the averaging it watches
+            logger.debug("Could not measure the parameter drift: %r", e)
+            return None
+
+    def _apply_optimizer_parameters_(self):
+        super()._apply_optimizer_parameters_()
+        self.parameters_version += 1
+
+    # This peer's weight in its state rounds; None: hivemind's (1). Catching up sets CATCHING_UP_WEIGHT.
+    round_weight: Optional[float] = None
+
+    def _do(self, wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs):
+        if averaging_round and self.round_weight is not None:
+            if averaging_control is not None and not (averaging_control.triggered or averaging_control.done()):
+                averaging_control.weight = self.round_weight  # pre-scheduled (upstream refuses a weight there)
+            else:
+                kwargs["weight"] = self.round_weight  # the round upstream's _do matchmakes itself
+        in_place = averaging_round and self.reuse_tensors
+        self._copy_before_round = in_place
+        try:
+            return super()._do(
+                wait_for_trigger, optimizer_step, zero_grad, averaging_round, averaging_control, *args, **kwargs
+            )
+        finally:
+            self._copy_before_round = False
+            if in_place:
+                self._measure_drift_of_round_in_place()
+            if optimizer_step and not self.offload_optimizer:
+                self.parameters_version += 1  # stepped the model's parameters themselves (awaited by step())
+
+    def applied_a_round_with_others_since(self, rounds_with_others: int) -> bool:
+        """Whether a state round with others succeeded since the count was `rounds_with_others`, and its result is
+        in the parameters: its background update is over, and step() has taken what it left (the flag it set)."""
+        return (
+            self.rounds_with_others > rounds_with_others
+            and all(update.done() for update in self.pending_updates)
+            and not self.finished_averaging_round.is_set()
+        )
