@@ -289,15 +289,18 @@ PHASE_NAMES = {"matchmaking": "match", "all-reduce": "reduce", "applying": "appl
 
 
 def round_phases(item: dict[str, Any]) -> str:
-    """Where a round's time went on this peer (its timeline, swarm/averaging_log.py): "match 1.20 s · reduce
-    0.31 s · apply 0.05 s"; "" for a round without one (skipped, or from a peer before it recorded them)."""
-    from swarmd.swarm.averaging_log import timeline_phases
+    """Where a round's time went on this peer (its timeline, swarm/averaging_log.py), and what its all-reduce
+    moved: "match 1.20 s · reduce 0.31 s · apply 0.05 s · sent 1.20 MB · received 1.19 MB"; "" for a round
+    without one (skipped, or from a peer before it recorded them)."""
+    from swarmd.swarm.averaging_log import timeline_phases, traffic_words
 
     timeline = item.get("timeline")
     if not isinstance(timeline, dict):
         return ""
     phases = timeline_phases(*(timeline.get(mark) for mark in ("asked_at", "grouped_at", "reduced_at", "ended_at")))
-    return " · ".join(f"{PHASE_NAMES[name]} {seconds:.2f} s" for name, seconds in phases.items())
+    words = [f"{PHASE_NAMES[name]} {seconds:.2f} s" for name, seconds in phases.items()]
+    traffic = traffic_words(timeline.get("sent_bytes"), timeline.get("received_bytes"))
+    return " · ".join(words + ([traffic] if traffic else []))
 
 
 def _round_duration(item: dict[str, Any]) -> str:

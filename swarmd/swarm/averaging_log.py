@@ -14,7 +14,10 @@ from typing import Optional
 
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
 
-__all__ = ["AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES", "RoundTimeline", "timeline_phases"]
+__all__ = [
+    "AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES", "RoundTimeline", "timeline_phases",
+    "traffic_words",
+]
 
 MAX_GROUP_PEERS = 64  # peers a round's timeline names (a group is as large as strangers make it)
 
@@ -33,6 +36,10 @@ class RoundTimeline:
     reduced_at: Optional[float]
     ended_at: float
     peers: tuple = ()  # the group's peer ids (base58), this peer's among them
+    # what this peer's all-reduce sent and received over the network (swarm/upstream/round_traffic.py); None when
+    # the round had no all-reduce (or its runner counted nothing)
+    sent_bytes: Optional[int] = None
+    received_bytes: Optional[int] = None
 
     @classmethod
     def of(cls, control, ended_at: Optional[float] = None) -> Optional["RoundTimeline"]:
@@ -50,6 +57,8 @@ class RoundTimeline:
             reduced_at=getattr(gathered, "reduced_at", None),
             ended_at=time.time() if ended_at is None else ended_at,
             peers=peers,
+            sent_bytes=getattr(gathered, "sent_bytes", None),
+            received_bytes=getattr(gathered, "received_bytes", None),
         )
 
     def phases(self) -> dict:
@@ -63,6 +72,21 @@ def timeline_phases(asked_at, grouped_at, reduced_at, ended_at) -> dict:
              ("applying", reduced_at, ended_at)]
     return {name: round(max(0.0, end - start), 4) for name, start, end in marks
             if isinstance(start, (int, float)) and isinstance(end, (int, float))}
+
+
+def traffic_words(sent_bytes, received_bytes) -> str:
+    """A round's network bytes in words: "sent 1.20 MB · received 1.19 MB"; "" when they were not counted (numbers
+    only: a timeline read back from JSON, or from another peer, may hold anything)."""
+    counted = [(word, value) for word, value in (("sent", sent_bytes), ("received", received_bytes))
+               if isinstance(value, int) and not isinstance(value, bool) and value >= 0]
+    return " · ".join(f"{word} {_size(value)}" for word, value in counted)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return f"{count} B"
 
 
 def _peer_name(peer) -> str:

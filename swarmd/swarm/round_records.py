@@ -1,7 +1,7 @@
 """The flight recorder in the DHT: each peer's recent averaging rounds, signed, so a page can draw one round across
 the peers that took part (who matched whom, who was late, where the time went).
 
-Every peer that averages stores one record under `"{run_id}_swarmd_rounds_v1"`, subkey = its owner marker, beside
+Every peer that averages stores one record under `"{run_id}_swarmd_rounds_v2"`, subkey = its owner marker, beside
 its peer record (swarm/peer_records.py: the same two validators, the same signing key, the same announcer). A
 record is the timelines (swarm/averaging_log.py RoundTimeline) of the peer's last ROUNDS rounds that had a group to
 look for. Everything in it is a stranger's word: the schema bounds every field on the nodes that store it, and a
@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.utils import get_dht_time
-from pydantic.v1 import BaseModel, Extra, confloat, conint, conlist, constr
+from pydantic.v1 import BaseModel, Extra, Field, confloat, conint, conlist, constr
 
 from swarmd.swarm.averaging_log import MAX_GROUP_PEERS
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
@@ -27,11 +27,13 @@ __all__ = [
     "rounds_record_from_snapshot", "parse_round_records",
 ]
 
-ROUNDS_FIELD = "swarmd_rounds_v1"
+# v2: each round carries its all-reduce's bytes (v1 records and v2 peers would refuse each other's as malformed)
+ROUNDS_FIELD = "swarmd_rounds_v2"
 ROUNDS = 8  # rounds per record: the last few epochs of a peer; a record stays a few kB
 GROUP_PEERS = min(16, MAX_GROUP_PEERS)  # group members a published round names (the page draws that many lanes)
 
 _TIME = confloat(strict=True, ge=0.0, allow_inf_nan=False)
+_BYTES = conint(strict=True, ge=0, le=2**50)  # a petabyte: far above any round, and exact in a float
 
 
 class PublishedRound(BaseModel):
@@ -44,6 +46,10 @@ class PublishedRound(BaseModel):
     reduced_at: Optional[_TIME]
     ended_at: _TIME
     peers: conlist(constr(strict=True, regex=PEER_ID_PATTERN), max_items=GROUP_PEERS)
+    # the all-reduce's bytes on this peer (swarm/upstream/round_traffic.py); null where they were not counted.
+    # Required, null or not: hivemind's SchemaValidator refuses a record that parses into more than it holds
+    sent_bytes: Optional[_BYTES] = Field(...)
+    received_bytes: Optional[_BYTES] = Field(...)
 
     class Config:
         extra = Extra.forbid
@@ -59,7 +65,7 @@ class RoundsRecord(BaseModel):
 
 
 class RoundRecordsSchema(BaseModel):
-    swarmd_rounds_v1: Dict[BytesWithPublicKey, Optional[RoundsRecord]]
+    swarmd_rounds_v2: Dict[BytesWithPublicKey, Optional[RoundsRecord]]  # its name is the key: ROUNDS_FIELD
 
 
 class RoundRecords:
@@ -92,6 +98,7 @@ def rounds_record_from_snapshot(snapshot, now: Optional[float] = None) -> Option
             "asked_at": _time(timeline.asked_at), "grouped_at": _time(timeline.grouped_at),
             "reduced_at": _time(timeline.reduced_at), "ended_at": _time(timeline.ended_at) or 0.0,
             "peers": [str(peer) for peer in timeline.peers[:GROUP_PEERS]],
+            "sent_bytes": _bytes(timeline.sent_bytes), "received_bytes": _bytes(timeline.received_bytes),
         })
     if not rounds or not snapshot.peer_id:
         return None
@@ -112,3 +119,7 @@ def parse_round_records(found) -> tuple[list[dict[str, Any]], int]:
 def _time(value) -> Optional[float]:
     return None if value is None else max(0.0, float(value))
 
+
+
+def _bytes(value) -> Optional[int]:
+    return None if value is None else min(max(0, int(value)), 2**50)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from swarmd.swarm.averaging_log import traffic_words
 from swarmd.swarm.outcomes import FAILED_OUTCOMES
 
 __all__ = [
@@ -322,6 +323,7 @@ class Lane:
     failed: bool
     segments: tuple  # LaneSegment, ...
     took: str  # "1.84 s" from its ask to its apply
+    traffic: str = ""  # "sent 1.20 MB · received 1.19 MB" by its all-reduce; "" where its record has no bytes
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,8 @@ def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
         first = first_mark((peer_id, item))
         outcome = str(item.get("outcome") or "")
         lanes.append(Lane(names.get(peer_id, short_id(peer_id)), short_id(peer_id), outcome,
-                          outcome in FAILED_OUTCOMES, tuple(segments), f"{_number(item['ended_at']) - first:.2f} s"))
+                          outcome in FAILED_OUTCOMES, tuple(segments), f"{_number(item['ended_at']) - first:.2f} s",
+                          traffic_words(item.get("sent_bytes"), item.get("received_bytes"))))
     published = {peer_id for peer_id, _ in entries}
     members = {peer for _, item in entries for peer in item.get("peers") or () if isinstance(peer, str)}
     unpublished = tuple(sorted(names.get(peer, short_id(peer)) for peer in members - published))

@@ -32,6 +32,9 @@ def test_two_peers_average_stop_and_resume(daemons, shared_data):
         marks = [timeline[mark] for mark in ("asked_at", "grouped_at", "reduced_at", "ended_at")]
         assert all(marks) and marks == sorted(marks), timeline
         assert status["peer_id"] in timeline["peers"] and len(set(timeline["peers"])) == 2, timeline
+        # and what its all-reduce moved: half of its gradients out to the other reducer, that half's average back
+        sent, received = timeline["sent_bytes"], timeline["received_bytes"]
+        assert sent > 10_000 and received > 10_000 and 0.5 < sent / received < 2, timeline
         assert status["loss"] is not None
         for key in ("run_id", "peer_id", "local_epoch", "samples_accumulated", "target_batch_size", "eta_seconds", "samples_per_second"):
             assert key in status

@@ -67,3 +67,7 @@ def test_the_status_table_prints_where_a_rounds_time_went():
     item = {"timeline": {"asked_at": 100.0, "grouped_at": 101.0, "reduced_at": 101.25, "ended_at": 101.5}}
     assert round_phases(item) == "match 1.00 s · reduce 0.25 s · apply 0.25 s"
     assert round_phases({"timeline": None}) == round_phases({}) == round_phases({"timeline": "x"}) == ""
+    counted = {"timeline": {**item["timeline"], "sent_bytes": 2_500_000, "received_bytes": 812}}
+    assert round_phases(counted) == "match 1.00 s · reduce 0.25 s · apply 0.25 s · sent 2.50 MB · received 812 B"
+    garbage = {"timeline": {**item["timeline"], "sent_bytes": "<b>", "received_bytes": True}}
+    assert round_phases(garbage) == "match 1.00 s · reduce 0.25 s · apply 0.25 s"

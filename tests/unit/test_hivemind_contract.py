@@ -143,6 +143,15 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (TensorPartReducer, "check_current_part_finished", "source", ("self.accumulator.div_(self.denominator)",)),
     (TensorPartReducer, "finalize", "source", ("if not self.finished.is_set():",)),
     (TensorPartReducer, "accumulator", "attribute", ()),
+    # round_traffic: the all-reduce's bytes counted where its messages pass (a sender's parts out, a reducer's in
+    # and out, the averaged parts back through the stub's only call)
+    (AllReduceRunner, "_generate_input_for_peer", "method", ("peer_index",)),
+    (AllReduceRunner, "_accumulate_parts_streaming", "method", ("stream", "sender_index")),
+    (AllReduceRunner, "_get_peer_stub", "method", ("peer",)),
+    (AllReduceRunner, "_communicate_with_peer", "source", (
+        "inputs_aiter = attach_event_on_finished(self._generate_input_for_peer(peer_index), done_sending)",
+        "stream = await self._get_peer_stub(peer_id).rpc_aggregate_part(inputs_aiter)",
+    )),
     (TensorPartReducer, "part_shapes", "attribute", ()),
     (TensorPartReducer, "current_part_index", "attribute", ()),
 

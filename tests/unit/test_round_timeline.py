@@ -15,9 +15,11 @@ ALPHA, BETA, HOSTILE = ("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "QmcNF
                         "QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN")  # tests/samples.py's three peers
 
 
-def _published(peer_id, asked, grouped, reduced, ended, *, epoch=11, outcome="success", kind="gradients"):
+def _published(peer_id, asked, grouped, reduced, ended, *, epoch=11, outcome="success", kind="gradients",
+               sent=1_200_000, received=1_190_000):
     return {"kind": kind, "outcome": outcome, "epoch": epoch, "group_size": 3, "asked_at": asked,
-            "grouped_at": grouped, "reduced_at": reduced, "ended_at": ended, "peers": [ALPHA, BETA, HOSTILE]}
+            "grouped_at": grouped, "reduced_at": reduced, "ended_at": ended, "peers": [ALPHA, BETA, HOSTILE],
+            "sent_bytes": sent, "received_bytes": received}
 
 
 def _swarm_rounds(t):
@@ -36,13 +38,15 @@ def test_a_snapshots_rounds_with_a_timeline_make_its_record_bounded_to_the_last_
     base = three_peer_snapshot(now)
     rounds = tuple(
         AveragingRound("gradients", "success", 3, 0.5, epoch, now, timeline=RoundTimeline(
-            now - 2, now - 1, now - 0.5, now, (ALPHA, BETA, HOSTILE)))
+            now - 2, now - 1, now - 0.5, now, (ALPHA, BETA, HOSTILE), sent_bytes=2**60, received_bytes=4096))
         for epoch in range(ROUNDS + 3)
     ) + (AveragingRound("gradients", "skipped", 1, 0.0, 99, now),)  # no timeline: not published
     record = rounds_record_from_snapshot(base.with_fields({"recent_averaging": rounds}), now=now)
     assert record["peer_id"] == ALPHA and len(record["rounds"]) == ROUNDS
     assert [r["epoch"] for r in record["rounds"]] == list(range(3, ROUNDS + 3))  # the newest ROUNDS
     assert record["rounds"][0]["peers"] == [ALPHA, BETA, HOSTILE] and record["rounds"][0]["ended_at"] == now
+    # its bytes, bounded to what the schema takes (a petabyte)
+    assert (record["rounds"][0]["sent_bytes"], record["rounds"][0]["received_bytes"]) == (2**50, 4096)
     RoundsRecord.parse_obj(record)
     assert rounds_record_from_snapshot(base, now=now) is None  # nothing with a timeline yet: nothing to publish
 
@@ -63,6 +67,7 @@ OWNER = b"[owner:ssh-rsa AAAA]"
 @pytest.mark.parametrize("change", [
     {"kind": "<script>"}, {"outcome": "won"}, {"epoch": -1}, {"ended_at": float("nan")}, {"asked_at": "soon"},
     {"peers": ["not a peer id!"]}, {"peers": [ALPHA] * 17}, {"extra": 1},
+    {"sent_bytes": -1}, {"received_bytes": 2**51}, {"sent_bytes": 1.5}, {"received_bytes": "1 MB"},
 ])
 def test_a_reader_skips_and_counts_a_round_record_a_stranger_malformed(change):
     t = time.time()
@@ -89,6 +94,7 @@ def test_the_newest_round_two_peers_published_is_drawn_as_lanes_on_one_axis():
         ("matchmaking", 0.0, 72.73), ("all-reduce", 72.73, 18.18), ("applying", 90.91, 9.09)]
     assert hostile.segments[0].left == 54.55 and hostile.segments[0].seconds == "0.50 s"
     assert (alpha.took, hostile.took, alpha.failed) == ("2.75 s", "1.10 s", False)
+    assert alpha.traffic == "sent 1.20 MB · received 1.19 MB"
     assert view.unpublished == ("beta",)  # in the group, no record of this round
 
 

@@ -26,7 +26,9 @@ from swarmd.worker.stats import CudaMemory, WorkerReadings, WorkerReport
 GRADIENTS_ROUND = {"kind": "gradients", "outcome": "success", "group_size": 3, "duration_seconds": 0.4, "epoch": 6,
                    "time": 1700000100.0, "error": "", "waited_seconds": None, "peer_wait_seconds": None,
                    "timeline": {"asked_at": 1700000098.5, "grouped_at": 1700000099.5, "reduced_at": 1700000099.75,
-                                "ended_at": 1700000100.0, "peers": ("QmPeer", "QmOther0", "QmOther1")}}
+                                "ended_at": 1700000100.0, "peers": ("QmPeer", "QmOther0", "QmOther1"),
+                                # added since (its all-reduce's bytes, none counted here): added keys keep API 1
+                                "sent_bytes": None, "received_bytes": None}}
 OUTER_ROUND = {"kind": "outer", "outcome": "partial", "group_size": 2, "duration_seconds": 11.0, "epoch": 7,
                "time": 1700000200.0, "error": "part lost", "waited_seconds": 0.5, "peer_wait_seconds": 1.5,
                "timeline": None}

@@ -25,13 +25,17 @@ class GatheredRound(dict):
     """A round's gathered data (peer id -> what it gathered), and what the averager's process saw of the round:
     `missing`, the share of the averaged vector that did not arrive (0..1), and the unix times its all-reduce began
     (`grouped_at`: the group had formed and was triggered) and ended (`reduced_at`), for the round's timeline
-    (swarm/averaging_log.py). Pickles with them, so they cross from the averager's process to the host's."""
+    (swarm/averaging_log.py), with the bytes it sent and received (`sent_bytes`, `received_bytes`). Pickles with
+    them, so they cross from the averager's process to the host's."""
 
     def __init__(self, gathered, missing: float = 0.0, grouped_at: Optional[float] = None,
-                 reduced_at: Optional[float] = None):
+                 reduced_at: Optional[float] = None, sent_bytes: Optional[int] = None,
+                 received_bytes: Optional[int] = None):
         super().__init__(gathered)
         self.missing = missing
         self.grouped_at, self.reduced_at = grouped_at, reduced_at
+        # what the all-reduce moved over the network (round_traffic.py); None from a runner that does not count
+        self.sent_bytes, self.received_bytes = sent_bytes, received_bytes
 
 
 def missing_share(gathered) -> float:
@@ -63,4 +67,5 @@ class ReportsPartialRounds(DecentralizedAverager):
         runner = running.result() if finished else None
         parts = getattr(runner, "tensor_part_container", None)
         missing = parts.failed_size / max(1, parts.total_size) if parts is not None and parts.failed_size else 0.0
-        return GatheredRound(gathered, missing, grouped_at, reduced_at)
+        return GatheredRound(gathered, missing, grouped_at, reduced_at,
+                             getattr(runner, "sent_bytes", None), getattr(runner, "received_bytes", None))

@@ -36,10 +36,12 @@ from typing import Optional, Sequence
 
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.allreduce import AveragingMode
 from hivemind.averaging.partition import TensorPartReducer
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
+
+from swarmd.swarm.upstream.round_traffic import CountingAllReduceRunner, CountsRoundBytes
 
 __all__ = [
     "Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip",
@@ -299,10 +301,11 @@ def implausible_return(sent: torch.Tensor, delta: torch.Tensor, floor: float) ->
     return ""
 
 
-class RobustAllReduceRunner(AllReduceRunner):
+class RobustAllReduceRunner(CountsRoundBytes):
     """Upstream's all-reduce with a CenteredClipReducer for this peer's share, and every average another reducer
     returns checked before it is used (`implausible_return`): `refused_reducers` holds the senders' indices in
-    `ordered_peer_ids` of the reducers whose averages this peer refused in this round."""
+    `ordered_peer_ids` of the reducers whose averages this peer refused in this round. Its bytes are counted
+    (round_traffic.py)."""
 
     def __init__(self, *args, aggregation: Aggregation, **kwargs):
         super().__init__(*args, **kwargs)
@@ -348,13 +351,16 @@ class AggregatesRobustly(DecentralizedAverager):
         super().__init__(*args, **kwargs)
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id: Optional[bytes] = None, **kwargs):
-        if self.aggregation.method == "mean":
-            return await super()._run_allreduce_inplace_(tensors, group_info, group_id, **kwargs)
-        # upstream's body (averager.py l.537-558), with the robust runner
+        # upstream's body (averager.py l.537-558), with the robust runner (or, for a plain mean, upstream's runner
+        # with its bytes counted)
         group_id = group_info.group_id if group_id is None else group_id
-        runner = self.runner_type(
+        if self.aggregation.method == "mean":
+            runner_type, robust = CountingAllReduceRunner, {}
+        else:
+            runner_type, robust = self.runner_type, {"aggregation": self.aggregation}
+        runner = runner_type(
             p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors, group_id=group_id,
-            ordered_peer_ids=group_info.peer_ids, aggregation=self.aggregation, **kwargs,
+            ordered_peer_ids=group_info.peer_ids, **robust, **kwargs,
         )
         self._running_groups[group_id].set_result(runner)
         if runner.modes[group_info.peer_ids.index(self.peer_id)] != AveragingMode.AUX:
@@ -365,7 +371,8 @@ class AggregatesRobustly(DecentralizedAverager):
         else:
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")
-        self._count_outliers(runner)
+        if robust:
+            self._count_outliers(runner)
 
     def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
         for index, why in getattr(runner, "refused_reducers", {}).items():  # a plain runner checks nothing
