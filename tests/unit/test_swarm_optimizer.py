@@ -27,3 +27,17 @@ def test_the_round_recording_hook_sits_between_the_state_averager_and_hivemind()
     mro = ObservedStateAverager.__mro__
     names = [cls.__name__ for cls in mro]
     assert names.index("TrainingStateAverager") < names.index("RecordsRounds") < names.index("DecentralizedAverager")
+
+
+def test_a_live_load_state_timeout_reaches_the_downloads_of_either_strategy():
+    """`swarm run update` sets swarm.load_state_timeout on the running optimizer (daemon/retune.py): the bound each
+    download then takes is StateDownloads', not a copy made at start."""
+    from swarmd.swarm.strategies.diloco_optimizer import DiLoCoOptimizer
+    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
+    from swarmd.swarm.upstream.peer_parts import StateDownloads
+
+    for strategy_type in (SwarmOptimizer, DiLoCoOptimizer):
+        optimizer = object.__new__(strategy_type)
+        optimizer.downloads = StateDownloads(attempts=1, timeout=600.0, dht=None)
+        optimizer.load_state_timeout = 42.0
+        assert optimizer.downloads.timeout == 42.0 and optimizer.load_state_timeout == 42.0

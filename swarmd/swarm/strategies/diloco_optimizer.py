@@ -212,6 +212,15 @@ class DiLoCoOptimizer:
         return self.downloads.total
 
     @property
+    def load_state_timeout(self) -> float:
+        """Each download's bound: StateDownloads' (a `swarm run update` changes it live, daemon/retune.py)."""
+        return self.downloads.timeout
+
+    @load_state_timeout.setter
+    def load_state_timeout(self, seconds: float) -> None:
+        self.downloads.timeout = seconds
+
+    @property
     def parameters_version(self) -> tuple[int, int]:
         """Changes whenever the model's parameters were written (a step, an outer step, averaged state, a download):
         what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""

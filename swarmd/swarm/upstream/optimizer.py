@@ -175,6 +175,15 @@ class SwarmOptimizer(Optimizer):
         return self.downloads.total
 
     @property
+    def load_state_timeout(self) -> float:
+        """Each download's bound: StateDownloads' (a `swarm run update` changes it live, daemon/retune.py)."""
+        return self.downloads.timeout
+
+    @load_state_timeout.setter
+    def load_state_timeout(self, seconds: float) -> None:
+        self.downloads.timeout = seconds
+
+    @property
     def parameters_version(self) -> tuple[int, int]:
         """Changes whenever hivemind may have written the model's parameters (a step, averaged state, a state
         download); what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
