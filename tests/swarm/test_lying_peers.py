@@ -157,7 +157,7 @@ def test_a_reducer_that_returns_x1000_the_average_is_refused_by_the_receivers(dh
 def test_without_the_check_the_lying_reducer_sets_its_share(dhts, monkeypatch):
     """The same round with the check off (RETURN_RATIO infinite, inherited by the averagers' forked processes):
     what the check is for, and proof that the test above fails without it."""
-    from swarmd.swarm import robust_aggregation
+    from swarmd.swarm.upstream import robust_aggregation
 
     monkeypatch.setattr(robust_aggregation, "RETURN_RATIO", float("inf"))
     results, groups, own, mean, signal = _round_with_a_lying_reducer(dhts, "lying-reducer-unchecked")
