@@ -21,10 +21,14 @@ import pytest
 import torch
 
 from swarmd.config import load_config
+from swarmd.config.task_resolver import use_task_resolver
 from swarmd.ranks.group import RankGroup
 from swarmd.ranks.layout import rank_data_seed
 from swarmd.ranks.step_sync import RankFailure, StepSync
 from swarmd.tasks.base import TaskContext
+from swarmd.tasks.registry import resolve_task
+
+use_task_resolver(resolve_task)  # also in RANK0_SCRIPT's process, which imports this module without conftest.py
 
 BATCH = 8
 INIT_SEED, DATA_SEED = 11, 4242

@@ -1,7 +1,8 @@
 """The run's signed manifest with real peers: a founder on the ALBERT micro config, and a peer started with nothing
 but --initial-peers (and its own machine's settings) that takes the run's settings from the swarm, trains with the
-founder in one model, and pins the run's key. A forged manifest (another key) is refused by the run's peers, and a
-joiner that trusts another key is refused."""
+founder in one model, and pins the run's key. A forged manifest (another key) is refused by the run's peers, a
+joiner that trusts another key is refused, and so is the run founded anew under another key by the joiner that
+pinned the first."""
 
 import copy
 import json
@@ -80,6 +81,22 @@ def test_a_peer_with_only_initial_peers_trains_the_founders_run_in_one_model(dae
             assert node.leftover_processes() == [], node.tail()
     finally:
         joiner.close()
+    _refounded_run_is_refused(daemons, tmp_path, config, config_file, fingerprint)
+
+
+def _refounded_run_is_refused(daemons, tmp_path, config, config_file, fingerprint):
+    """The run founded anew under the same id and another key (its founder's state dir, and key, lost): the
+    joiner, which pinned the first key when it joined, refuses it rather than follow a key nobody vouched for."""
+    refounded = run_cli("run", "init", "--config", str(config_file), "--state-dir", str(tmp_path / "refounder"))
+    assert refounded.returncode == 0, refounded.stderr
+    assert refounded.stdout.split("Key fingerprint: ")[1].split()[0] != fingerprint
+    refounder = daemons("refounder", config, state_dir=tmp_path / "refounder")
+    refounder.join_line()
+    result = run_cli("join", *refounder.joining_args(), "--state-dir", str(tmp_path / "joiner"),
+                     "--manifest-wait", "15", *LOCAL, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "signed by another key than the run's key this peer trusts" in result.stderr, result.stderr
+    assert (tmp_path / "joiner" / "run-keys" / f"{RUN}.pinned").read_text().strip() == fingerprint  # unchanged
 
 
 def _cli(*args) -> subprocess.Popen:

@@ -26,6 +26,7 @@ def _round(monkeypatch, failed_size: int, total_size: int):
 
     monkeypatch.setattr(DecentralizedAverager, "_aggregate_with_group", upstream)
     averager = object.__new__(ReportsPartialRounds)
+    averager._parent_pid = None  # what upstream's __del__ reads: not this process's averager
     runner = types.SimpleNamespace(
         tensor_part_container=types.SimpleNamespace(failed_size=failed_size, total_size=total_size)
     )
