@@ -292,7 +292,8 @@ def round_phases(item: dict[str, Any]) -> str:
     """Where a round's time went on this peer (its timeline, swarm/averaging_log.py), and what its all-reduce
     moved: "match 1.20 s · reduce 0.31 s · apply 0.05 s · sent 1.20 MB · received 1.19 MB"; "" for a round
     without one (skipped, or from a peer before it recorded them)."""
-    from swarmd.swarm.averaging_log import timeline_phases, traffic_words
+    from swarmd.swarm.averaging_log import timeline_phases
+    from swarmd.swarm.outcomes import traffic_words
 
     timeline = item.get("timeline")
     if not isinstance(timeline, dict):

@@ -14,10 +14,7 @@ from typing import Optional
 
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
 
-__all__ = [
-    "AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES", "RoundTimeline", "timeline_phases",
-    "traffic_words",
-]
+__all__ = ["AveragingRound", "AveragingLog", "AveragingSummary", "KINDS", "OUTCOMES", "RoundTimeline", "timeline_phases"]
 
 MAX_GROUP_PEERS = 64  # peers a round's timeline names (a group is as large as strangers make it)
 
@@ -72,21 +69,6 @@ def timeline_phases(asked_at, grouped_at, reduced_at, ended_at) -> dict:
              ("applying", reduced_at, ended_at)]
     return {name: round(max(0.0, end - start), 4) for name, start, end in marks
             if isinstance(start, (int, float)) and isinstance(end, (int, float))}
-
-
-def traffic_words(sent_bytes, received_bytes) -> str:
-    """A round's network bytes in words: "sent 1.20 MB · received 1.19 MB"; "" when they were not counted (numbers
-    only: a timeline read back from JSON, or from another peer, may hold anything)."""
-    counted = [(word, value) for word, value in (("sent", sent_bytes), ("received", received_bytes))
-               if isinstance(value, int) and not isinstance(value, bool) and value >= 0]
-    return " · ".join(f"{word} {_size(value)}" for word, value in counted)
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.2f} {unit}"
-    return f"{count} B"
 
 
 def _peer_name(peer) -> str:

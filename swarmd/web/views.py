@@ -11,8 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from swarmd.swarm.averaging_log import traffic_words
-from swarmd.swarm.outcomes import FAILED_OUTCOMES
+from swarmd.swarm.outcomes import FAILED_OUTCOMES, traffic_words
 
 __all__ = [
     "Item", "PeerRow", "RoundRow", "Chart", "run_items", "peer_rows", "round_rows", "CHARTS", "page_title",

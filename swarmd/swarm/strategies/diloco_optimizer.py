@@ -62,10 +62,10 @@ from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arr
 from swarmd.swarm.upstream.peer_parts import (
     CATCHING_UP_WEIGHT,
     AveragerSettings,
+    ReadsItsParts,
     StateDownloads,
     clip_local_gradients,
     implausible_average,
-    outliers_clipped_total,
     shutting_down_on_failure,
     start_progress_tracker,
     start_state_averager,
@@ -91,7 +91,7 @@ def _outer_sgd(lr: float, momentum: float, nesterov: bool) -> Callable:
     return build
 
 
-class DiLoCoOptimizer:
+class DiLoCoOptimizer(ReadsItsParts):
     state_averager: DiLoCoStateAverager
     tracker: RoundProgressTracker
     grad_averager = None  # no gradient rounds: the outer averager averages pseudo-gradients
@@ -206,29 +206,6 @@ class DiLoCoOptimizer:
     @property
     def local_epoch(self) -> int:
         return self.state_averager.local_epoch
-
-    @property
-    def state_loads_total(self) -> int:
-        return self.downloads.total
-
-    @property
-    def load_state_timeout(self) -> float:
-        """Each download's bound: StateDownloads' (a `swarm run update` changes it live, daemon/retune.py)."""
-        return self.downloads.timeout
-
-    @load_state_timeout.setter
-    def load_state_timeout(self, seconds: float) -> None:
-        self.downloads.timeout = seconds
-
-    @property
-    def parameters_version(self) -> tuple[int, int]:
-        """Changes whenever the model's parameters were written (a step, an outer step, averaged state, a download):
-        what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
-        return (self.state_averager.parameters_version, self.state_loads_total)
-
-    @property
-    def outliers_clipped_total(self) -> int:
-        return outliers_clipped_total(self, self._RUNNING_PARTS)
 
     def _behind_swarm(self) -> bool:
         """hivemind.Optimizer's rule: the exact epoch once after each outer step (once the tracker fetched the

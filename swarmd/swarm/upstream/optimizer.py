@@ -39,12 +39,12 @@ from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arr
 from swarmd.swarm.upstream.peer_parts import (
     CATCHING_UP_WEIGHT,
     AveragerSettings,
+    ReadsItsParts,
     StateDownloads,
     StateLoadFailed,
     StateRefused,
     clip_local_gradients,
     implausible_average,
-    outliers_clipped_total,
     shutting_down_on_failure,
     start_progress_tracker,
     start_state_averager,
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 MAX_REFRESHES_PER_DOWNLOAD = 3
 
 
-class SwarmOptimizer(Optimizer):
+class SwarmOptimizer(ReadsItsParts, Optimizer):
     # True while the peer holds the swarm's epoch ahead of its state (catching up by averaging, below and in
     # diloco.py): the worker then neither evaluates nor checkpoints under that epoch, and nobody downloads it.
     catching_up = False
@@ -118,10 +118,6 @@ class SwarmOptimizer(Optimizer):
     # What construction starts (threads, averager processes), in the order it shuts them down
     _RUNNING_PARTS = ("tracker", "grad_averager", "state_averager")
 
-    @property
-    def outliers_clipped_total(self) -> int:
-        return outliers_clipped_total(self, self._RUNNING_PARTS)
-
     def __del__(self):
         # Upstream's __del__ reads the averagers, which a failed construction may not have made; its AttributeError
         # would surface from the garbage collector as an "unraisable" exception. Python 3.11 formats those with
@@ -168,26 +164,6 @@ class SwarmOptimizer(Optimizer):
 
     def _make_gradient_averager(self, factory, **kwargs):
         return super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
-
-    @property
-    def state_loads_total(self) -> int:
-        """Downloads (and parameter refreshes) of the swarm's state so far."""
-        return self.downloads.total
-
-    @property
-    def load_state_timeout(self) -> float:
-        """Each download's bound: StateDownloads' (a `swarm run update` changes it live, daemon/retune.py)."""
-        return self.downloads.timeout
-
-    @load_state_timeout.setter
-    def load_state_timeout(self, seconds: float) -> None:
-        self.downloads.timeout = seconds
-
-    @property
-    def parameters_version(self) -> tuple[int, int]:
-        """Changes whenever hivemind may have written the model's parameters (a step, averaged state, a state
-        download); what rank 0 passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
-        return (self.state_averager.parameters_version, self.state_loads_total)
 
     def _count_state_load(self) -> None:
         self.downloads.count()

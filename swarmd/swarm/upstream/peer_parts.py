@@ -17,7 +17,7 @@ from typing import Any, Optional
 from swarmd.swarm import averager_keys
 
 __all__ = [
-    "CATCHING_UP_WEIGHT", "AveragerSettings", "StateDownloads", "StateLoadFailed", "StateRefused",
+    "CATCHING_UP_WEIGHT", "AveragerSettings", "ReadsItsParts", "StateDownloads", "StateLoadFailed", "StateRefused",
     "clip_local_gradients", "implausible_average", "outliers_clipped_total", "shutting_down_on_failure",
     "start_progress_tracker", "start_state_averager",
 ]
@@ -136,6 +136,40 @@ class StateDownloads:
                 )
             return
         raise StateLoadFailed(f"could not download the swarm's state in {self.attempts} attempts")
+
+
+class ReadsItsParts:
+    """What the rest of swarmd reads of either strategy's optimizer (swarm/strategies/protocol.py SwarmStrategy)
+    that is only its parts' figures: written once for both. Needs `downloads` (StateDownloads), `state_averager`
+    and `_RUNNING_PARTS`."""
+
+    downloads: StateDownloads
+    _RUNNING_PARTS: tuple[str, ...]
+
+    @property
+    def state_loads_total(self) -> int:
+        """Downloads (and parameter refreshes) of the swarm's state so far."""
+        return self.downloads.total
+
+    @property
+    def load_state_timeout(self) -> float:
+        """Each download's bound: StateDownloads' (a `swarm run update` changes it live, daemon/retune.py)."""
+        return self.downloads.timeout
+
+    @load_state_timeout.setter
+    def load_state_timeout(self, seconds: float) -> None:
+        self.downloads.timeout = seconds
+
+    @property
+    def parameters_version(self) -> tuple[int, int]:
+        """Changes whenever the model's parameters were written (a step, averaged state, a download): what rank 0
+        passes to StepSync.lead so the other ranks follow (swarmd.ranks)."""
+        return (self.state_averager.parameters_version, self.state_loads_total)
+
+    @property
+    def outliers_clipped_total(self) -> int:
+        """Senders this peer's averagers clipped as outliers, one per sender and round (robust_aggregation.py)."""
+        return outliers_clipped_total(self, self._RUNNING_PARTS)
 
 
 def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:
