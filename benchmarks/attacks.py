@@ -10,19 +10,25 @@ Attacks (the attacker's task settings):
     sign flip       its gradients times -1 (at honest scale: quiet)
     claims x100     honest gradients, but 100x the samples it computed reported (progress and averaging weight)
     zeros, x100     no gradient at all (times 0) while claiming 100x the samples
+    noise           Gaussian noise at the norm of its honest gradient, instead of the gradient
+    little shift    its honest gradient plus its norm along one direction every attacker shares ("a little is
+                    enough": each attacker looks honest, together they pull one way)
+    stale replays   the gradient at its parameters of 50 steps ago (an old update sent again)
+
+Strategies: sync (gradient averaging), local (sync with use_local_updates: parameters averaged every epoch),
+diloco (pseudo-gradients of 8 inner steps). `--attackers 2 --peers 6`: two attackers of six, attacking together.
 
 Columns: the honest peer's loss at the budget (the median of its last three epoch means) against the clean run's,
 the epochs from the start until an honest peer excluded the attacker (and by how many honest peers), honest
 peers excluded by anyone (wrongly), and for the clean rows the defence's cost: samples/s and median gradient round
 time with the defences on against off (hivemind's mean, no exclusion, no claim check), side by side.
 
-    python benchmarks/attacks.py [--strategies sync diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
-        [--budget-epochs 30] [--cell-timeout 240]
+    python benchmarks/attacks.py [--strategies sync local diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
+        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240]
 
 Not covered here: NaN gradients (a swarmd worker skips a non-finite step before sending: it needs an attacker
-that modifies its averager, tests/swarm/test_lying_peers.py covers the reducers' side), stale replays and "a
-little is enough" shifts (not expressible as a task setting; see docs/FAULTS.md for what the defences say about
-them).
+that modifies its averager; tests/swarm/test_lying_peers.py covers the reducers' side, and every receiver refuses
+a non-finite part, swarm/upstream/robust_aggregation.py).
 """
 
 from __future__ import annotations
@@ -40,8 +46,12 @@ ATTACKS = {
     "sign flip": {"grad_scale": -1.0},
     "claims x100": {"claim_scale": 100},
     "zeros, x100": {"grad_scale": 0.0, "claim_scale": 100},
+    "noise": {"gradient_attack": "noise"},
+    "little shift": {"gradient_attack": "shift", "shift_scale": 1.0},
+    "stale replays": {"gradient_attack": "stale", "stale_steps": 50},
 }
 BATCH = 64
+ROUND_KIND = {"sync": "gradients", "local": "state", "diloco": "outer"}  # the round each strategy averages in
 UNDEFENDED = {"aggregation": {"method": "mean"}, "exclusion": {"enabled": False, "claim_rate_ratio": 0.0},
               "guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}
 
@@ -50,7 +60,9 @@ def config(strategy: str, attack: dict, defended: bool = True) -> dict:
     swarm = {"target_batch_size": BATCH * 8, "matchmaking_time": 2.0, "averaging_timeout": 10.0,
              "exclusion": {"base_seconds": 600.0}}  # an exclusion lasts the whole cell
     if strategy == "diloco":
-        swarm.update(strategy="diloco", diloco={"inner_steps": 8})
+        swarm.update(strategy="diloco", diloco={"inner_steps": 8, "max_straggler_wait": 10.0})  # <= 2 x averaging_timeout
+    elif strategy == "local":
+        swarm.update(use_local_updates=True, average_state_every=1)
     if not defended:
         swarm.update(UNDEFENDED)
     return peer_config(
@@ -66,7 +78,7 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
     peers = []
     try:
         for index in range(args.peers):
-            attacker = attack is not None and index == args.peers - 1
+            attacker = attack is not None and index >= args.peers - args.attackers
             settings = ATTACKS[attack] if attacker else {}
             extra = peers[0].joining_args() if peers else []
             peers.append(DaemonProcess(root / f"peer{index}", config(strategy, settings, defended), env=env,
@@ -76,7 +88,8 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
                                      "every peer training")
         start_epoch, started = together["global_epoch"], time.monotonic()
         ids = [peer.wait_status(lambda s: s["peer_id"], 60, "a peer id")["peer_id"] for peer in peers]
-        honest_ids, attacker_id = set(ids[: args.peers - (attack is not None)]), ids[-1] if attack else None
+        honest_ids = set(ids[: args.peers - args.attackers]) if attack else set(ids)
+        attacker_ids = set(ids) - honest_ids
         excluded_at: dict[str, int] = {}  # honest peer -> the global epoch its exclusion of the attacker appeared
         wrongly: dict[str, str] = {}  # an honest peer excluded by another -> why
         samples_first = first.status()["samples_total"]
@@ -89,7 +102,7 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
                     continue
                 seen = peer.status()
                 for entry in seen.get("excluded_peers") or ():
-                    if entry["peer_id"] == attacker_id:
+                    if entry["peer_id"] in attacker_ids:
                         excluded_at.setdefault(peer_id, seen["global_epoch"] - start_epoch)
                     elif entry["peer_id"] in honest_ids:
                         wrongly.setdefault(entry["peer_id"], entry["reason"])
@@ -98,7 +111,7 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
         seconds = time.monotonic() - started
         losses = [loss for epoch, loss in status["loss_history"] if epoch > start_epoch]
         rounds = [r["duration_seconds"] for r in status["recent_averaging"]
-                  if r["kind"] in ("gradients", "outer") and r["outcome"] == "success"]
+                  if r["kind"] == ROUND_KIND[strategy] and r["outcome"] == "success"]
         return {
             "loss": statistics.median(losses[-3:]) if losses else float("nan"),
             "epochs": status["global_epoch"] - start_epoch,
@@ -115,9 +128,10 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "diloco"])
+    parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "local", "diloco"])
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--attackers", type=int, default=1, help="the last ATTACKERS peers attack, all alike")
     parser.add_argument("--budget-epochs", type=int, default=30)
     parser.add_argument("--cell-timeout", type=float, default=240.0, help="seconds a cell may train")
     args = parser.parse_args()
@@ -151,14 +165,14 @@ def main() -> None:
                          str(undefended["epochs"])])
             for attack in args.attacks:
                 result = one(attack)
-                excluded = (f"{result['excluded_at'][0]} ({len(result['excluded_at'])} of {args.peers - 1})"
+                excluded = (f"{result['excluded_at'][0]} ({len(result['excluded_at'])} of {args.peers - args.attackers})"
                             if result["excluded_at"] else "never")
                 wrongly = f"{result['wrongly']} ({', '.join(result['wrongly_why'])})" if result["wrongly"] else "0"
                 rows.append([strategy, attack, f"{result['loss']:.4f}", f"{result['loss'] / clean['loss']:.2f}",
                              excluded, wrongly, f"{result['samples_per_second']:.1f}",
                              f"{result['round_seconds']:.2f}", str(result["epochs"])])
     print_table(
-        f"{args.peers} peers (1 attacker), faulty task, budget {args.budget_epochs} global epochs (or "
+        f"{args.peers} peers ({args.attackers} attacking), faulty task, budget {args.budget_epochs} global epochs (or "
         f"{args.cell_timeout:.0f} s)",
         ["strategy", "cell", "honest loss", "x clean", "excluded at epoch (by)", "honest excluded",
          "peer 0 samples/s", "round s (median)", "epochs"],
