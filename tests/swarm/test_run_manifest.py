@@ -86,12 +86,19 @@ def test_a_peer_with_only_initial_peers_trains_the_founders_run_in_one_model(dae
 
 def _refounded_run_is_refused(daemons, tmp_path, config, config_file, fingerprint):
     """The run founded anew under the same id and another key (its founder's state dir, and key, lost): the
-    joiner, which pinned the first key when it joined, refuses it rather than follow a key nobody vouched for."""
+    joiner, which pinned the first key when it joined, refuses it rather than follow a key nobody vouched for. And a
+    newcomer that sets a run-wide key otherwise is refused by the manifest."""
     refounded = run_cli("run", "init", "--config", str(config_file), "--state-dir", str(tmp_path / "refounder"))
     assert refounded.returncode == 0, refounded.stderr
     assert refounded.stdout.split("Key fingerprint: ")[1].split()[0] != fingerprint
     refounder = daemons("refounder", config, state_dir=tmp_path / "refounder")
     refounder.join_line()
+    # a newcomer whose own settings contradict a run-wide key of the manifest stops before it joins
+    conflicting = run_cli("join", *refounder.joining_args(), "--state-dir", str(tmp_path / "conflicting"),
+                          "--set", "swarm.target_batch_size=32", *LOCAL, timeout=120)
+    assert conflicting.returncode == 2, conflicting.stderr
+    assert "swarm.target_batch_size is run-wide: the run's manifest v1 says 64, this peer's settings say 32" in \
+        conflicting.stderr, conflicting.stderr
     result = run_cli("join", *refounder.joining_args(), "--state-dir", str(tmp_path / "joiner"),
                      "--manifest-wait", "15", *LOCAL, timeout=120)
     assert result.returncode == 2, result.stderr
