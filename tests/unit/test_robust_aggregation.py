@@ -232,3 +232,24 @@ def test_a_sender_claiming_100x_the_samples_neither_sets_the_result_nor_makes_th
     assert clipped == [0, 0, 0, 1]
     result, clipped = asyncio.run(reduce(Aggregation(max_weight_ratio=0.0)))
     assert _relative_error(result, honest_mean, signal) > 0.8  # uncapped, the zeros pull it most of the way: 0.90
+
+
+def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():
+    """A peer catching up sends its older parameters at 1e-6 (a state round) or a pseudo-gradient at weight 0 (a
+    DiLoCo outer round): far from the others by design, it cannot move the result, and is not counted as clipped;
+    the same part at a full weight is."""
+    from swarmd.swarm.upstream.robust_aggregation import _Sent
+
+    signal, honest = _honest(3, noise=0.1)
+    far = -5 * signal
+    sent = [_Sent(i, part) for i, part in enumerate([*honest, far])]
+
+    async def clipped_with(weight):  # upstream's reducer makes asyncio objects: built inside a loop
+        reducer = CenteredClipReducer([signal.shape], 4, Aggregation())
+        result = reducer.aggregate(sent, [64.0, 64.0, 64.0, weight])
+        return result, reducer.clipped_by_sender
+
+    for negligible in (0.0, 1e-6):
+        result, clipped = asyncio.run(clipped_with(negligible))
+        assert clipped == [0, 0, 0, 0] and _relative_error(result, torch.stack(honest).mean(0), signal) < 0.05
+    assert asyncio.run(clipped_with(64.0))[1] == [0, 0, 0, 1]

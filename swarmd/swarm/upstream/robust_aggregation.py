@@ -30,6 +30,7 @@ aggregates in `div_`, the two calls upstream's reducer makes on it.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -76,6 +77,11 @@ RETURN_RATIO = 100.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
 # CenteredClip (a second pass): see CenteredClipReducer.aggregate.
 EVIDENCE_WEIGHT_SPREAD = 1.5
+# A finite part whose sender weighs at most this share of the heaviest sender's weight is no evidence against it:
+# it cannot move the result, and honest peers send such parts by design (a peer catching up weighs 1e-6 in a state
+# round with its older parameters, and 0 in a DiLoCo outer round with nothing computed): judged by distance they
+# were excluded as "clipped" (docs/FAULTS.md, the attack benchmark's DiLoCo cells).
+NEGLIGIBLE_WEIGHT_SHARE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,7 @@ class CenteredClipReducer(TensorPartReducer):
             return sum(part.float().reshape(shape) * (weight / total) for part, weight in zip(parts, weights))
         if len(sent) == 2 and not any(clipped):
             clipped = self._judged_by_own_part(sent)
+        clipped = _not_against_the_negligible(parts, weights, clipped)
         for one, was_clipped in zip(sent, clipped):
             self.values_sent[one.sender] += shape.numel()
             if was_clipped:
@@ -284,6 +291,14 @@ class CenteredClipReducer(TensorPartReducer):
         reference = float(torch.linalg.vector_norm(own))
         far = reference > 0 and float(torch.linalg.vector_norm(other - own)) > PAIR_OUTLIER_RATIO * reference
         return [bool(far) and one.sender != self.own_sender for one in sent]
+
+
+def _not_against_the_negligible(parts, weights, clipped: list[bool]) -> list[bool]:
+    """`clipped` without the finite parts whose senders weigh next to nothing (NEGLIGIBLE_WEIGHT_SHARE)."""
+    heaviest = max((float(w) for w in weights if math.isfinite(float(w))), default=0.0)
+    return [flag and not (math.isfinite(float(w)) and float(w) <= NEGLIGIBLE_WEIGHT_SHARE * heaviest
+                          and bool(torch.isfinite(part).all()))
+            for part, w, flag in zip(parts, weights, clipped)]
 
 
 def implausible_return(sent: torch.Tensor, delta: torch.Tensor, floor: float) -> str:
