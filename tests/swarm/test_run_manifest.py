@@ -106,6 +106,36 @@ def _refounded_run_is_refused(daemons, tmp_path, config, config_file, fingerprin
     assert (tmp_path / "joiner" / "run-keys" / f"{RUN}.pinned").read_text().strip() == fingerprint  # unchanged
 
 
+def test_a_peer_with_only_initial_peers_trains_a_diloco_founders_run_in_one_model(daemons, tmp_path):
+    """The founder's run on ALBERT micro under DiLoCo (H = 4): the config-less joiner takes the strategy and H from
+    the manifest and averages its pseudo-gradients with the founder's in outer rounds of two, in one model."""
+    config = _founders_config()
+    config["swarm"] = {**config["swarm"], "strategy": "diloco",
+                       "diloco": {"inner_steps": 4, "max_straggler_wait": 10.0}}
+    config["task"]["data"]["path"] = str(tmp_path / "corpus")
+    config_file = tmp_path / "founder.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    founded = run_cli("run", "init", "--config", str(config_file), "--state-dir", str(tmp_path / "founder"))
+    assert founded.returncode == 0, founded.stderr
+    founder = daemons("founder", config, state_dir=tmp_path / "founder")
+    founder.join_line()
+    joiner = _joiner(tmp_path, founder, "--set", f"task.data.path={tmp_path / 'corpus'}").start()
+    try:
+        def outer_rounds_of_two(status) -> bool:
+            return (status["local_epoch"] or 0) >= 2 and any(
+                r["kind"] == "outer" and r["outcome"] == "success" and r["group_size"] == 2
+                for r in status["recent_averaging"])
+
+        statuses = [node.wait_status(outer_rounds_of_two, timeout=150, what="2+ outer steps averaged by the two")
+                    for node in (founder, joiner)]
+        assert statuses[0]["compatibility"] == statuses[1]["compatibility"]  # one model: task, shapes, strategy, H
+        assert statuses[0]["start_values"] == statuses[1]["start_values"]
+        compatibility = statuses[1]["compatibility"]
+        assert (compatibility["strategy"], compatibility["inner_steps"]) == ("diloco", 4), compatibility
+    finally:
+        joiner.close()
+
+
 def _cli(*args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "swarmd", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
