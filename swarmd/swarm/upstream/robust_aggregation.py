@@ -79,8 +79,8 @@ RETURN_RATIO = 100.0
 EVIDENCE_WEIGHT_SPREAD = 1.5
 # A finite part whose sender weighs at most this share of the heaviest sender's weight is no evidence against it:
 # it cannot move the result, and honest peers send such parts by design (a peer catching up weighs 1e-6 in a state
-# round with its older parameters, and 0 in a DiLoCo outer round with nothing computed): judged by distance they
-# were excluded as "clipped" (docs/FAULTS.md, the attack benchmark's DiLoCo cells).
+# round with its older parameters, and 0 in a DiLoCo outer round with nothing computed): judged by distance alone
+# they would count as "clipped". (Not the cause of the honest DiLoCo exclusions in docs/FAULTS.md: those remain.)
 NEGLIGIBLE_WEIGHT_SHARE = 1e-3
 
 
