@@ -45,6 +45,11 @@ def not_excluded(exclusions, peer_id, where: str) -> bool:
     return exclusions is None or exclusions.admit(peer_id.to_base58(), where)
 
 
+def admitted_to_rounds(averager, context, where: str) -> bool:
+    """The caller may take part in `averager`'s rounds: on its allow list (if any) and not excluded on evidence."""
+    return admits(averager._allow_list, context, where) and not_excluded(averager._exclusions, context.remote_id, where)
+
+
 def admits_peer(allow_list, peer_id, where: str) -> bool:
     """`peer_id`: the caller libp2p authenticated (a hivemind PeerID)."""
     return allow_list is None or allow_list.admit(peer_id.to_base58(), where)
@@ -83,8 +88,7 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
     async def rpc_join_group(
         self, request: averaging_pb2.JoinRequest, context: P2PContext
     ) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
-        if not admits(self._allow_list, context, "join_group") or \
-                not not_excluded(self._exclusions, context.remote_id, "join_group"):
+        if not admitted_to_rounds(self, context, "join_group"):
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
             return
         async for response in super().rpc_join_group(request, context):
@@ -93,8 +97,7 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
     async def rpc_aggregate_part(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        if not admits(self._allow_list, context, "aggregate_part") or \
-                not not_excluded(self._exclusions, context.remote_id, "aggregate_part"):
+        if not admitted_to_rounds(self, context, "aggregate_part"):
             yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
             return
         async for message in super().rpc_aggregate_part(stream, context):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -104,12 +103,10 @@ class StateDownloads:
     def __init__(self, *, attempts: int, timeout: float, dht):
         self.attempts, self.timeout, self.dht = attempts, timeout, dht
         self.total = 0
-        self.last_time: Optional[float] = None
 
-    def count(self, what: str = "the swarm's state") -> None:
+    def count(self) -> None:
         self.total += 1
-        self.last_time = time.time()
-        logger.info("Downloaded %s from a peer (download #%d)", what, self.total)
+        logger.info("Downloaded the swarm's state from a peer (download #%d)", self.total)
 
     def download(self, state_averager, **kwargs) -> None:
         """Raises StateLoadFailed after `attempts` failures, StateRefused when every peer that offers its state

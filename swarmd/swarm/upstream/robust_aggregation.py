@@ -42,7 +42,7 @@ from hivemind.averaging.partition import TensorPartReducer
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
-from swarmd.swarm.upstream.round_traffic import CountingAllReduceRunner, CountsRoundBytes
+from swarmd.swarm.upstream.round_traffic import CountsRoundBytes
 
 __all__ = [
     "Aggregation", "AggregatesRobustly", "CenteredClipReducer", "RobustAllReduceRunner", "centered_clip",
@@ -370,7 +370,7 @@ class AggregatesRobustly(DecentralizedAverager):
         # with its bytes counted)
         group_id = group_info.group_id if group_id is None else group_id
         if self.aggregation.method == "mean":
-            runner_type, robust = CountingAllReduceRunner, {}
+            runner_type, robust = CountsRoundBytes, {}
         else:
             runner_type, robust = self.runner_type, {"aggregation": self.aggregation}
         runner = runner_type(

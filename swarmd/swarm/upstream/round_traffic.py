@@ -15,12 +15,13 @@ from typing import AsyncIterator
 
 from hivemind.averaging.allreduce import AllReduceRunner
 
-__all__ = ["CountsRoundBytes", "CountingAllReduceRunner"]
+__all__ = ["CountsRoundBytes"]
 
 
 class CountsRoundBytes(AllReduceRunner):
     """An all-reduce runner that counts the bytes of the messages it sends (`sent_bytes`) and receives
-    (`received_bytes`) over the network in its round."""
+    (`received_bytes`) over the network in its round; as it is, upstream's plain weighted mean, counted
+    (`swarm.aggregation.method: mean`)."""
 
     sent_bytes = 0
     received_bytes = 0
@@ -54,7 +55,3 @@ class _CountingStub:
     async def rpc_aggregate_part(self, inputs, *args, **kwargs):
         answers = await self._stub.rpc_aggregate_part(inputs, *args, **kwargs)
         return self._runner._counted(answers)
-
-
-class CountingAllReduceRunner(CountsRoundBytes):
-    """Upstream's all-reduce (a plain weighted mean), counted: `swarm.aggregation.method: mean`."""
