@@ -11,8 +11,8 @@ from typing import Callable, Optional
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionInfo, TensorRole
-from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
 
+from swarmd.swarm.optimizer_state_wire import describe_optimizer_state, load_described_state
 from swarmd.swarm.upstream.state_averager import ObservedStateAverager
 from swarmd.swarm.upstream.state_stream import shared_copy
 
@@ -119,10 +119,11 @@ class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
         metadata, tensors, infos = super().get_current_state()
         if self.inner_optimizer is not None:
             with torch.no_grad():
-                inner_metadata, inner_tensors = dump_optimizer_state(self.inner_optimizer)
+                # by name, not hivemind's dump_optimizer_state (swarm/optimizer_state_wire.py says why)
+                inner_description, inner_tensors = describe_optimizer_state(self.inner_optimizer)
                 inner_tensors = [shared_copy(tensor) for tensor in inner_tensors]  # copies, as above
             metadata["diloco"] = dict(
-                inner_optimizer_metadata=inner_metadata, inner_offset=len(tensors), round_steps=self.round_steps
+                inner_optimizer_state=inner_description, inner_offset=len(tensors), round_steps=self.round_steps
             )
             tensors = list(tensors) + inner_tensors
             infos = list(infos) + [
@@ -147,13 +148,18 @@ class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
         diloco = metadata.get("diloco")
         if isinstance(diloco, dict) and self.inner_optimizer is not None:
             try:
+                offset = diloco.get("inner_offset")
+                if not isinstance(offset, int) or not 0 <= offset <= len(tensors):
+                    raise ValueError(f"inner_offset {offset!r:.40} is not an index into the {len(tensors)} tensors")
                 with self.lock_optimizer:
-                    load_optimizer_state(
-                        self.inner_optimizer, diloco["inner_optimizer_metadata"], tensors[diloco["inner_offset"] :]
-                    )
-            except (KeyError, IndexError, StopIteration, ValueError, RuntimeError) as e:
-                logger.warning("The downloaded inner optimizer state does not fit (%r): keeping this peer's", e)
-            self.round_steps = int(diloco.get("round_steps", 0))
+                    load_described_state(self.inner_optimizer, diloco.get("inner_optimizer_state"), tensors[offset:])
+            except (ValueError, RuntimeError) as e:  # RuntimeError: torch's own load refused it
+                logger.warning("The downloaded inner optimizer state does not fit this peer's optimizer (%s): "
+                               "keeping this peer's", e)
+            round_steps = diloco.get("round_steps", 0)
+            # a peer's claim: within the round, or the round from its start
+            valid = isinstance(round_steps, int) and 0 <= round_steps <= self.inner_steps_per_epoch
+            self.round_steps = round_steps if valid else 0
         else:
             self.round_steps = 0
         self._share_statistics()
