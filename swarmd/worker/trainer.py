@@ -43,6 +43,8 @@ _SYNC_WAIT_SECONDS = 10.0  # how long to wait for the first view of the swarm's 
 _EVALUATION_BUDGET_SECONDS = 1800.0
 _CHECKPOINT_BUDGET_SECONDS = 600.0
 _EXPORT_BUDGET_SECONDS = 600.0
+_NONFINITE_SAID_EVERY = 100  # steps of a run of non-finite ones between two warnings
+_NONFINITE_RESTORE_AFTER = 50  # non-finite steps in a row (with finite parameters) before the last good state
 
 
 def resolve_device(name: str) -> torch.device:
@@ -142,6 +144,7 @@ class TrainingWorker:
         # the model's parameters in the optimizer's order (param groups), which the offloaded copies follow
         self._params = list(optimizer.state_averager.main_parameters)
         self._backup: Optional[list[torch.Tensor]] = None
+        self._nonfinite_in_a_row = 0  # steps dropped as non-finite since the last finite one
         self._backup_epoch: Optional[int] = None
         self._backup_state_loads = 0
         self._last_seen_epoch: Optional[int] = None  # auxiliary peers: the epoch seen after the previous step
@@ -363,14 +366,9 @@ class TrainingWorker:
                 if not self.reuse_grad_buffers:
                     self._zero_grad()
                 return
-            # A NaN/Inf contribution would poison the swarm's average: drop it.
-            self.stats.record_nonfinite_step()
-            logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed", loss_value)
-            self._discard_local_gradients()
-            if not self._params_finite():
-                logger.error("The parameters themselves are non-finite: restoring the last good state")
-                self._restore_backup()
+            self._drop_nonfinite_step(loss_value)
             return
+        self._nonfinite_in_a_row = 0
 
         if not self.reuse_grad_buffers:
             self._zero_grad()
@@ -384,6 +382,24 @@ class TrainingWorker:
         )
         if self.optimizer.local_epoch != epoch_before:
             self._on_new_epoch(epoch_before)
+
+    def _drop_nonfinite_step(self, loss_value: float) -> None:
+        """A NaN/Inf contribution would poison the swarm's average: drop it. Said at the first of a run of them and
+        then every _NONFINITE_SAID_EVERY (a model that diverged made 12,800 such lines in 2 minutes); a run of
+        _NONFINITE_RESTORE_AFTER with finite parameters puts back the last good ones, as non-finite ones do at once."""
+        self.stats.record_nonfinite_step()
+        self._nonfinite_in_a_row += 1
+        in_a_row = self._nonfinite_in_a_row
+        if in_a_row == 1 or in_a_row % _NONFINITE_SAID_EVERY == 0:
+            logger.warning("Non-finite loss or gradients (loss=%s): this step is not contributed (%d in a row)",
+                           loss_value, in_a_row)
+        self._discard_local_gradients()
+        if not self._params_finite():
+            logger.error("The parameters themselves are non-finite: restoring the last good state")
+            self._restore_backup()
+        elif in_a_row % _NONFINITE_RESTORE_AFTER == 0:
+            logger.error("%d steps in a row had non-finite gradients: restoring the last good state", in_a_row)
+            self._restore_backup()
 
     def _after_step_epoch_check(self) -> None:
         epoch = self.optimizer.local_epoch
@@ -510,15 +526,7 @@ class TrainingWorker:
     def _restore_backup(self) -> None:
         if self._backup is None:
             return
-        for saved, param in zip(self._backup, self._params):
-            param.copy_(saved.to(param.device))
-        # the offloaded optimizer keeps its own copy of the parameters: overwrite it too
-        averager = self.optimizer.state_averager
-        if averager.offload_optimizer:
-            with averager.lock_optimizer:
-                opt_params = [p for group in averager.optimizer.param_groups for p in group["params"]]
-                for saved, opt_param in zip(self._backup, opt_params):
-                    opt_param.copy_(saved)
+        self.optimizer.restore_parameters(self._backup)
         self._discard_local_gradients()
         self.stats.record_restore()
         logger.info("Restored the parameters of epoch %s", self._backup_epoch)

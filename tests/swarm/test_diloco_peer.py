@@ -159,6 +159,39 @@ def test_a_lone_peer_says_it_is_alone_once_at_info_not_a_warning_each_outer_step
         optimizer.shutdown()
 
 
+def test_undoing_an_outer_step_drops_the_outer_momentum_it_added_and_a_mid_round_restore_keeps_it(dht, tmp_path):
+    """The worker rejects an outer step (parameters moved too far) and puts back the last good parameters: the outer
+    parameters go back too and the momentum that carried the step is dropped (kept, every later restore met a
+    larger step); a restore mid-round (NaN parameters at an inner step) leaves outer parameters and momentum alone."""
+    task, model, optimizer, _ = _peer(dht, tmp_path, "diloco-restore")
+    reference = _Reference()
+    try:
+        _train(task, model, optimizer, range(H))  # outer step 1: momentum = its pseudo-gradient
+        reference.inner_steps(range(H))
+        reference.outer_step(reference.pseudo_gradient())
+        # what the worker keeps: the parameters in the optimizer's order (its param groups)
+        good = [p.detach().clone() for p in optimizer.state_averager.main_parameters]
+        _, momentum = optimizer._outer_state()
+        assert momentum and all(float(m.abs().max()) > 0 for m in momentum)
+
+        optimizer._apart_from_swarm = False  # alone, it is apart: as if the step had been a round with company
+        _train(task, model, optimizer, range(H, H + 1))  # an inner step into round 2, then "NaN": a mid-round restore
+        optimizer.restore_parameters(good)
+        _, kept = optimizer._outer_state()
+        assert [torch.equal(a, b) for a, b in zip(kept, momentum)] == [True] * len(momentum)
+        assert _max_difference(model, reference.model) == 0.0 and not optimizer._apart_from_swarm
+
+        _train(task, model, optimizer, range(H, 2 * H))  # outer step 2, which the worker rejects
+        assert optimizer.local_epoch == 2
+        optimizer.restore_parameters(good)
+        outer, dropped = optimizer._outer_state()
+        assert all(torch.equal(o, g) for o, g in zip(outer, good))
+        assert all(float(m.abs().max()) == 0 for m in dropped) and optimizer._apart_from_swarm
+        assert all(torch.equal(p.detach(), g) for p, g in zip(optimizer.state_averager.main_parameters, good))
+    finally:
+        optimizer.shutdown()
+
+
 def test_clip_local_grad_norm_clips_each_inner_step(dht, tmp_path):
     """swarm.clip_local_grad_norm under DiLoCo clips every inner step's gradient (it was once ignored there)."""
     clip = 0.05

@@ -168,6 +168,22 @@ class ReadsItsParts:
         """Senders this peer's averagers clipped as outliers, one per sender and round (robust_aggregation.py)."""
         return outliers_clipped_total(self, self._RUNNING_PARTS)
 
+    def restore_parameters(self, saved: list) -> None:
+        """Put `saved` (the model's parameters, last known good, in order) back as this peer's parameters: the
+        model's, and the offloaded optimizer's own host copies (DiLoCo's outer parameters) too, or the next step
+        would write the rejected ones back. The caller discards its local gradients."""
+        import torch
+
+        averager = self.state_averager
+        with torch.no_grad():
+            for value, param in zip(saved, averager.main_parameters):
+                param.copy_(value.to(param.device))
+            if averager.offload_optimizer:
+                with averager.lock_optimizer:
+                    opt_params = [p for group in averager.optimizer.param_groups for p in group["params"]]
+                    for value, opt_param in zip(saved, opt_params):
+                        opt_param.copy_(value)
+
 
 def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:
     """`swarm.clip_local_grad_norm`: each local step's own (unscaled) gradient is clipped before it is used
