@@ -394,7 +394,15 @@ def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before
     try:
         _train(*first[:3], range(2 * H))  # alone: two outer steps, so its outer momentum is not zero
         second = _peer(other_dht, tmp_path, "diloco-check", tracker_opts={"private_key": RSAPrivateKey()})
+        # a donor whose outer SGD says other hyperparameters (a liar, or a mistake): the joiner keeps the run's
+        donor_groups = first[2].state_averager.optimizer.param_groups
+        honest = [dict(lr=group["lr"], momentum=group["momentum"]) for group in donor_groups]
+        for group in donor_groups:
+            group.update(lr=123.0, momentum=0.5)
         second[2].load_state_from_peers()
+        for group, values in zip(donor_groups, honest):
+            group.update(values)
+        assert [(g["lr"], g["momentum"]) for g in second[2].state_averager.optimizer.param_groups] == [(0.7, 0.9)] * len(honest)
         assert second[2].local_epoch == first[2].local_epoch == 2
         for mine, donors in zip(_outer_state(second[2]), _outer_state(first[2])):
             assert torch.equal(mine, donors)  # outer parameters and momentum, exactly

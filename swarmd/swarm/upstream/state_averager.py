@@ -77,6 +77,10 @@ class RecordsRounds(AdmitsAllowedPeers):
         return loaded
 
 
+# the param-group entries a downloaded optimizer state may set: the parameters' indices and a step counter
+_DONOR_GROUP_KEYS = ("params", "step")
+
+
 class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAverager, RecordsRounds):
     _upstream = TrainingStateAverager
 
@@ -85,6 +89,24 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         self._on_state_loaded = on_state_loaded
         self._epoch_of_round = lambda: self.local_epoch
         super().__init__(**kwargs)
+
+    def load_state_from_peers(self, *args, **kwargs):
+        """Upstream's download, which loads the donor's optimizer state_dict whole, param groups included: the
+        donor chose this peer's learning rate, momentum and weight decay (a lying one could set lr = 1e6). The
+        hyperparameters are the run's, agreed and checked at join (manifest, compatibility), so each group keeps
+        its own; only counters (timm's LAMB keeps its 'step' in the group) come from the donor, and the learning
+        rate is the one this peer's schedule gives at the epoch that came."""
+        own = [{key: value for key, value in group.items() if key not in _DONOR_GROUP_KEYS}
+               for group in self.optimizer.param_groups]
+        try:
+            return super().load_state_from_peers(*args, **kwargs)
+        finally:
+            with self.lock_optimizer:
+                for group, hyperparameters in zip(self.optimizer.param_groups, own):
+                    group.update(hyperparameters)
+                if self.scheduler is not None:
+                    for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+                        group["lr"] = lr
 
     def get_current_state(self):
         """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`
