@@ -24,7 +24,7 @@ peers excluded by anyone (wrongly), and for the clean rows the defence's cost: s
 time with the defences on against off (hivemind's mean, no exclusion, no claim check), side by side.
 
     python benchmarks/attacks.py [--strategies sync local diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
-        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240]
+        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--keep-logs DIR]
 
 Not covered here: NaN gradients (a swarmd worker skips a non-finite step before sending: it needs an attacker
 that modifies its averager; tests/swarm/test_lying_peers.py covers the reducers' side, and every receiver refuses
@@ -134,12 +134,14 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=1, help="the last ATTACKERS peers attack, all alike")
     parser.add_argument("--budget-epochs", type=int, default=30)
     parser.add_argument("--cell-timeout", type=float, default=240.0, help="seconds a cell may train")
+    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                        help="keep every peer's state dir and log under DIR/cell<N>/ (a surprising cell's evidence)")
     args = parser.parse_args()
 
     print(machine())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = args.keep_logs.resolve() if args.keep_logs else Path(tmp)
         env = install_testtasks(root / "plugins")
         cell = 0
         for strategy in args.strategies:
