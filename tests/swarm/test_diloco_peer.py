@@ -431,6 +431,36 @@ def test_a_downloaded_state_is_the_donors_and_members_that_differ_average_before
         other_dht.shutdown()
 
 
+def test_a_donor_whose_state_is_not_finite_is_not_taken(dht, tmp_path):
+    """A lying or broken donor serves NaN outer momentum: the joiner takes nothing from it (it would have stepped on
+    NaN from its first outer step), and keeps its own state."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from swarmd.swarm.upstream.state_stream import unusable_state
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    liar = _peer(dht, tmp_path, "diloco-nan-donor")
+    joiner = None
+    try:
+        _train(*liar[:3], range(2 * H))
+        momentum = liar[2].state_averager.optimizer.state
+        for param in liar[2]._outer_parameters():
+            momentum[param]["momentum_buffer"][0] = float("nan")
+        joiner = _peer(other_dht, tmp_path, "diloco-nan-donor", tracker_opts={"private_key": RSAPrivateKey()})
+        own = [p.detach().clone() for p in joiner[2].state_averager.main_parameters]
+        joiner[2].load_state_from_peers()
+        assert joiner[2].local_epoch == 0
+        assert all(torch.equal(p.detach(), o) for p, o in zip(joiner[2].state_averager.main_parameters, own))
+        assert all(bool(torch.isfinite(t).all()) for t in _outer_state(joiner[2]))
+    finally:
+        liar[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+    assert unusable_state(({}, [torch.zeros(2), torch.tensor([1.0, float("inf")])])) == "tensor 1 of 2 is not finite"
+    assert unusable_state(({}, [torch.zeros(2)])) == "" and unusable_state("garbage") == "not (metadata, tensors)"
+
+
 @pytest.mark.parametrize("start", ["alike", "apart"])
 def test_the_first_outer_step_averages_the_outer_state_only_when_the_members_started_apart(dht, tmp_path, start):
     """Peers of one run start from one initialisation: the first outer step sends a digest of each member's outer

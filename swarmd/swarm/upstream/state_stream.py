@@ -43,7 +43,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
-__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "KINDS"]
+__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +165,10 @@ class DownloadsState:
                     with self.download_refusals.get_lock():
                         self.download_refusals.value += 1
                     continue
+                unusable = unusable_state(loaded)
+                if unusable:  # a lying or broken donor: its state would poison this peer's, ask the next
+                    logger.warning("Peer %s sent a %s that cannot be used (%s): asking the next", peer, kind, unusable)
+                    continue
                 megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
                 seconds = time.perf_counter() - waits.began
                 logger.info(
@@ -246,6 +250,19 @@ class DownloadsState:
 
         tensors = await deserialize_tensor_stream(parts())
         return (metadata, tensors) if metadata else None
+
+
+def unusable_state(loaded) -> str:
+    """Why a donor's (metadata, tensors) cannot be taken, or "": the shape hivemind expects, and every tensor finite
+    (the parameters, the optimizer's statistics and DiLoCo's outer momentum alike: one NaN poisons the peer)."""
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], dict)):
+        return "not (metadata, tensors)"
+    for index, tensor in enumerate(loaded[1]):
+        if not isinstance(tensor, torch.Tensor):
+            return f"part {index} is not a tensor"
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"tensor {index} of {len(loaded[1])} is not finite"
+    return ""
 
 
 def state_offers(found, own_peer_id: PeerID, allow_list, exclusions=None) -> dict[PeerID, float]:
