@@ -25,6 +25,7 @@ it back from a throw-away p2pd (`probe_before_joining`), and joins as a client w
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 from typing import Any, Optional
@@ -45,6 +46,8 @@ DIAL_TIMEOUT = 3.0
 PROBE_TIMEOUT = 20.0  # the throw-away p2pd's start, its connection to an initial peer and their dial-back
 PROBE_CONNECT_WAIT = 5.0  # for p2pd's bootstrap connection to an initial peer, once it has started
 MULTISTREAM = b"/multistream/1.0.0\n"
+_LOCAL_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"))
 
 
 class _JsonMessage:
@@ -83,10 +86,30 @@ def addresses_to_check(visible_maddrs) -> list[str]:
 
 
 def _is_local(maddr: str) -> bool:
+    """An address only its own network can dial: loopback, RFC 1918, carrier-grade NAT (100.64/10), link-local,
+    IPv6 unique-local. Not 198.18/15 (the benchmarks' lab uses it as its internet)."""
     host = maddr.strip("/").split("/")[1]
-    return host.startswith("127.") or host in ("::1", "localhost") or host.startswith(("10.", "192.168.")) or (
-        host.startswith("172.") and host.split(".")[1].isdigit() and 16 <= int(host.split(".")[1]) <= 31
-    )
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"  # a DNS name: another network's to resolve
+    return ip.is_loopback or ip.is_link_local or any(ip in network for network in _LOCAL_NETWORKS)
+
+
+def only_local(addresses: list[str]) -> bool:
+    """Every address checked is one only its own network can dial (addresses_to_check found no other)."""
+    return bool(addresses) and all(_is_local(address) for address in addresses)
+
+
+def reachable_line(addresses: list[str]) -> str:
+    # loopback only: a swarm on one machine (a demo, the tests), where "reachable" means just that
+    on_this_machine = all(address.strip("/").split("/")[1] in ("127.0.0.1", "::1", "localhost") for address in addresses)
+    if only_local(addresses) and not on_this_machine:
+        # a peer on the same network dialed it: true there, and nowhere else
+        return (f"Reachable on its own network only: a peer dialed this one back at {', '.join(addresses)}, "
+                "private addresses that peers elsewhere cannot dial; to train with peers outside this network, "
+                "forward a TCP port and add --announce-maddrs /ip4/PUBLIC_IP/tcp/PORT, or join with --client-mode")
+    return f"Reachable: a peer in the swarm dialed this one back at {', '.join(addresses)}"
 
 
 async def dial_libp2p(host: str, port: int, timeout: float = DIAL_TIMEOUT) -> bool:
@@ -286,7 +309,7 @@ class ReachabilityCheck(Extension):
         if not changed:
             return
         if state == "yes":
-            logger.info("Reachable: a peer in the swarm dialed this one back at %s", ", ".join(addresses))
+            logger.info("%s", reachable_line(addresses))
         elif state == "no" and announced:  # the operator said where it is reached, and it is not: fix that
             logger.warning(unreachable_advice(addresses))
         elif state == "no":

@@ -6,7 +6,13 @@ import time
 
 import pytest
 
-from swarmd.swarm.reachability import addresses_to_check, dial_libp2p, tcp_endpoint, unreachable_advice
+from swarmd.swarm.reachability import (
+    addresses_to_check,
+    dial_libp2p,
+    reachable_line,
+    tcp_endpoint,
+    unreachable_advice,
+)
 
 PEER = "/p2p/QmcPoL57BiCWeRTZg83a8SHk2wNEUVgM3i2ZbVjrCLyEci"
 
@@ -24,6 +30,21 @@ def test_public_addresses_are_checked_first_and_loopback_only_alone():
     assert addresses_to_check(visible) == ["/ip4/198.18.0.7/tcp/4001"]
     assert addresses_to_check(visible[:2]) == ["/ip4/127.0.0.1/tcp/4001", "/ip4/192.168.1.5/tcp/4001"]
     assert addresses_to_check(["/ip4/198.18.0.1/udp/1/quic"]) == []
+
+
+def test_carrier_grade_nat_link_local_and_unique_local_addresses_are_local_too():
+    visible = ["/ip4/100.72.3.4/tcp/4001", "/ip4/169.254.9.9/tcp/4001", "/ip6/fd12:3456::1/tcp/4001",
+               "/ip6/fe80::1/tcp/4001", "/ip4/172.20.0.2/tcp/4001"]
+    assert addresses_to_check(visible + ["/ip4/198.18.0.7/tcp/4001"]) == ["/ip4/198.18.0.7/tcp/4001"]
+    assert addresses_to_check(visible) == visible[:4]  # none other: all of them, at most MAX_ADDRESSES
+
+
+def test_a_peer_dialed_back_only_at_private_addresses_is_told_it_is_reachable_on_its_network_only():
+    lan = reachable_line(["/ip4/192.168.1.5/tcp/31337"])
+    assert lan.startswith("Reachable on its own network only") and "--announce-maddrs" in lan
+    assert reachable_line(["/ip4/198.18.0.7/tcp/31337"]) == (
+        "Reachable: a peer in the swarm dialed this one back at /ip4/198.18.0.7/tcp/31337")
+    assert reachable_line(["/ip4/127.0.0.1/tcp/31337"]).startswith("Reachable: a peer")  # one machine's swarm
 
 
 def test_the_advice_is_numbered_and_names_the_port():
