@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fake_task import CpuTask
 from swarmd.config.loader import load_config
 from swarmd.tasks.base import StepOutput
 from swarmd.worker.stats import WorkerStats
@@ -20,16 +21,8 @@ def test_a_run_of_non_finite_gradients_is_said_now_and_then_and_puts_the_last_go
     model.weight.register_hook(lambda grad: grad * float("inf"))  # finite loss, infinite gradient: diverged
     restored, steps = [], []
 
-    class Task:
-        context = SimpleNamespace(device="cpu")
-        eval_every_epochs = 0
-
-        def set_epoch(self, epoch):
-            pass
-
-        def train_batches(self, seed):
-            while True:
-                yield torch.ones(4, 2)
+    class Task(CpuTask):
+        batch = torch.ones(4, 2)
 
         def training_step(self, model, batch):
             steps.append(1)

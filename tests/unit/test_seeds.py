@@ -3,6 +3,7 @@ at start."""
 
 import torch
 
+from fake_task import CpuTask
 from swarmd.seeds import init_seed, peer_data_seed, seed_everything
 from swarmd.swarm.initial_state import level_offers, should_take_swarm_state, start_values
 
@@ -88,16 +89,8 @@ def _first_step_of_a_peer(peer_id, *, resume=None):
     images = torch.ones(8, 3, 32, 32)  # the same batch for both peers: only the masks can differ
     logits = []
 
-    class Task:
-        context = SimpleNamespace(device="cpu")
-        eval_every_epochs = 0
-
-        def set_epoch(self, epoch):
-            pass
-
-        def train_batches(self, seed):
-            while True:
-                yield images
+    class Task(CpuTask):
+        batch = images
 
         def training_step(self, model, batch):
             out = model(batch)  # train mode: timm's DropPath draws its masks from torch's global generator

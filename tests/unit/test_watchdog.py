@@ -14,6 +14,7 @@ from swarmd.daemon.systemd import STOP_MARGIN_SECONDS, SystemdNotifier, progress
 from swarmd.status.snapshot import Snapshot
 from swarmd.worker.stats import WorkerStats
 
+from fake_task import CpuTask
 from notify_receiver import NotifyReceiver
 
 
@@ -116,16 +117,6 @@ def test_notifier_feeds_the_watchdog_only_while_the_worker_progresses(tmp_path, 
     assert stopping == [f"STOPPING=1\nEXTEND_TIMEOUT_USEC={int((60 + STOP_MARGIN_SECONDS) * 1e6)}\nSTATUS=stopping (saving, saying goodbye)"]
 
 
-class _CpuTask:
-    """What the worker reads of every task, for the fake tasks below."""
-
-    context = SimpleNamespace(device="cpu")
-    eval_every_epochs = 0
-
-    def set_epoch(self, epoch):
-        pass
-
-
 def test_the_worker_declares_its_waits_with_budgets_from_the_config():
     import torch
 
@@ -146,10 +137,8 @@ def test_the_worker_declares_its_waits_with_budgets_from_the_config():
     seen: dict[str, tuple] = {}
     model = torch.nn.Linear(2, 1)
 
-    class Task(_CpuTask):
-        def train_batches(self, seed):
-            while True:
-                yield torch.ones(4, 2)
+    class Task(CpuTask):
+        batch = torch.ones(4, 2)
 
         def training_step(self, model, batch):
             seen["training_step"] = stats.activity()
@@ -199,7 +188,7 @@ def test_a_diloco_peer_catching_up_neither_evaluates_nor_checkpoints_under_the_e
     model = torch.nn.Linear(2, 1)
     saved, evaluated = [], []
 
-    class Task(_CpuTask):
+    class Task(CpuTask):
         eval_every_epochs = 1
 
         def evaluate(self, model):
