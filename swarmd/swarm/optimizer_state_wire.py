@@ -19,10 +19,10 @@ import math
 
 import torch
 
-__all__ = ["describe_optimizer_state", "load_described_state", "WIRE_VERSION"]
+__all__ = ["COUNTER_KEYS", "describe_optimizer_state", "load_described_state", "WIRE_VERSION"]
 
 WIRE_VERSION = 1
-_GROUP_KEYS = ("step",)  # what a param group may take from the sender: a counter, never a hyperparameter
+COUNTER_KEYS = ("step",)  # what a param group may take from a sender: a counter, never a hyperparameter
 _MAX_KEY_LENGTH = 64
 _MAX_ENTRIES_PER_PARAMETER = 16
 _MAX_STEP = 1e12
@@ -39,7 +39,7 @@ def describe_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict, li
                 entries.append([int(index), str(key), len(tensors)])
                 tensors.append(value.detach().cpu())
     for group_index, group in enumerate(state_dict["param_groups"]):
-        for key in _GROUP_KEYS:
+        for key in COUNTER_KEYS:
             value = group.get(key)
             if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
                 group_entries.append([group_index, key, len(tensors), torch.is_tensor(value)])
@@ -81,14 +81,14 @@ def _checked_state(entries, tensors, shapes) -> dict:
 
 
 def _checked_group_entries(entries, tensors, num_groups):
-    if not isinstance(entries, list) or len(entries) > len(_GROUP_KEYS) * num_groups:
+    if not isinstance(entries, list) or len(entries) > len(COUNTER_KEYS) * num_groups:
         raise ValueError("the param group entries are not a list of a plausible length")
     for entry in entries:
         if not (isinstance(entry, list) and len(entry) == 4):
             raise ValueError(f"a param group entry is not [group, key, tensor, is_tensor]: {entry!r:.80}")
         group_index, key, tensor_index, is_tensor = entry
         _check_index(group_index, num_groups, "param group")
-        if key not in _GROUP_KEYS:
+        if key not in COUNTER_KEYS:
             raise ValueError(f"param group key {key!r:.80} is not one a sender may set")
         tensor = _tensor_at(tensors, tensor_index)
         value = float(tensor.reshape(-1)[0]) if tensor.numel() == 1 else math.nan

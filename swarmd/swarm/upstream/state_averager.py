@@ -13,6 +13,7 @@ from hivemind.averaging.control import StepControl
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
+from swarmd.swarm.optimizer_state_wire import COUNTER_KEYS
 from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.upstream.parameter_refresh import ServesParameters
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
@@ -77,8 +78,8 @@ class RecordsRounds(AdmitsAllowedPeers):
         return loaded
 
 
-# the param-group entries a downloaded optimizer state may set: the parameters' indices and a step counter
-_DONOR_GROUP_KEYS = ("params", "step")
+# the param-group entries a downloaded optimizer state may set: the parameters' indices and the counters
+_DONOR_GROUP_KEYS = ("params", *COUNTER_KEYS)
 
 
 class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAverager, RecordsRounds):
