@@ -349,6 +349,8 @@ class Daemon:
         for extension in reversed(self.extensions):
             with contextlib.suppress(Exception):
                 await extension.close()
+        # a process finalized while the preload's thread is inside torch's imports can abort (daemon/parallel_start.py)
+        await bounded("finishing the imports begun at start-up", self._forks.preload.join, remaining)
         if self.status_server is not None:
             await self.status_server.close()
 

@@ -11,6 +11,10 @@ asked for the swarm's state, one phase after another).
   longer exists there, and hangs if it imports the module too; a lock of torch's held at a fork stays held likewise.
   So `ForkGate` forks the DHT's process once the model is built and no preload runs, starts the preload right after,
   and the averagers' processes are forked once it is done.
+- The daemon's stop waits for it too (`Preload.join`, bounded): a process that exits while the thread is inside an
+  import is finalized under it, and a thread inside C++ (torch's, scipy's) that is unwound then aborts the process
+  ("FATAL: exception not rethrown", exit -6 instead of the exit code). Seen in CI on a peer stopped with exit code 2
+  right after its DHT came up, the preload's imports still running.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ class Preload:
     async def wait(self) -> None:
         if self.running:
             await asyncio.to_thread(self._thread.join)
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Block until the imports are done (at once when they never started), at most `timeout` seconds."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         started = time.monotonic()

@@ -142,3 +142,19 @@ def test_the_process_start_time_is_when_the_process_started():
     after = time.time()
     assert before - 1.0 <= float(out.stdout) <= after  # /proc counts in clock ticks: 10 ms
     assert process_start_time() <= time.time()
+
+
+def test_the_daemon_stops_only_once_the_preload_is_done(tmp_path, monkeypatch):
+    # seen in CI: a peer stopped (exit code 2) right after its DHT came up, while the preload was inside torch's
+    # imports, was finalized under that thread and aborted (exit -6)
+    from swarmd.config import load_config
+    from swarmd.daemon.lifecycle import Daemon
+
+    (tmp_path / "slow_import_for_swarmd.py").write_text("import time\ntime.sleep(1.0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    daemon = Daemon(load_config(None, environ={}, flags={"state_dir": str(tmp_path / "state")}),
+                    extensions=[])
+    daemon._forks.preload = Preload(modules=("slow_import_for_swarmd",))
+    daemon._forks.preload.start()
+    run(daemon._shutdown())
+    assert not daemon._forks.preload.running and "slow_import_for_swarmd" in sys.modules
