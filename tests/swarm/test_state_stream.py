@@ -1,6 +1,6 @@
 """A state download by swarmd's state stream (swarm/upstream/state_stream.py), between real averagers on real p2pd daemons:
 the joiner takes the donor's exact tensors and metadata by the stream alone, and from a peer without the stream (plain
-hivemind) by hivemind's RPC."""
+hivemind) by hivemind's RPC; a donor whose state does not fit the joiner's layout is passed over for the next."""
 
 import time
 from typing import AsyncIterator
@@ -11,9 +11,10 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
+from swarmd.swarm.state_layout import StateLayout
 from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
-from swarmd.swarm.upstream.state_stream import DownloadsState
+from swarmd.swarm.upstream.state_stream import DownloadsState, state_offers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -97,3 +98,42 @@ def test_an_averager_shut_down_leaves_the_stream_free_for_the_next_of_its_prefix
     finally:
         joiner.shutdown()
         donor.shutdown()
+
+
+class CheckingJoiner(StreamingAverager):
+    """Takes only a state of its own tensors' shapes (as ObservedStateAverager.state_layout, without an optimizer)."""
+
+    def state_layout(self, kind):
+        with self.get_tensors() as tensors:
+            shapes = tuple(tuple(t.shape) for t in tensors)
+        return StateLayout(shapes, len(shapes))
+
+
+class MisfitDonor(StreamOnlyDonor):
+    """Sends one number per tensor, which hivemind's loader would broadcast into every weight."""
+
+    def get_current_state(self):
+        metadata, tensors, infos = super().get_current_state()
+        return dict(metadata, served_by="misfit"), [t.reshape(-1)[:1].clone() for t in tensors], None
+
+
+def test_a_donor_whose_state_does_not_fit_is_passed_over_for_the_next(two_dhts):
+    first, second = two_dhts
+    third = ToleratesExitedCallers(initial_peers=first.get_visible_maddrs(), start=True)
+    state = donor_state()
+    misfit = MisfitDonor(state, first, prefix="stream-misfit", target_group_size=2, start=True)
+    misfit.state_sharing_priority = 10.0  # asked first: it claims the newest state
+    honest = StreamOnlyDonor(state, third, prefix="stream-misfit", target_group_size=2, start=True)
+    joiner = CheckingJoiner([torch.zeros_like(t) for t in state], second, prefix="stream-misfit",
+                            target_group_size=2, start=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(state_offers(second.get("stream-misfit.all_averagers", latest=True), second.peer_id, None)) < 2:
+            assert time.monotonic() < deadline, "the two donors' offers did not reach the joiner's DHT in 60 s"
+            time.sleep(0.5)
+        metadata, tensors = joiner.load_state_from_peers(timeout=30)  # the misfit's (higher) offer is asked first
+        assert metadata["served_by"] == "donor" and all(torch.equal(a, b) for a, b in zip(tensors, state))
+    finally:
+        for averager in (joiner, honest, misfit):
+            averager.shutdown()
+        third.shutdown()

@@ -41,3 +41,20 @@ def test_a_live_load_state_timeout_reaches_the_downloads_of_either_strategy():
         optimizer.downloads = StateDownloads(attempts=1, timeout=600.0, dht=None)
         optimizer.load_state_timeout = 42.0
         assert optimizer.downloads.timeout == 42.0 and optimizer.load_state_timeout == 42.0
+
+
+@pytest.mark.parametrize("auxiliary", [False, True], ids=["trainer", "auxiliary"])
+def test_an_auxiliary_peer_never_offers_its_state_which_it_never_steps(auxiliary):
+    """After a download (or a catch-up ending) a trainer serves its state again; an auxiliary peer never does: its
+    parameters stay those it downloaded while its epoch moves on with the swarm's (before: it served them, labelled
+    with the swarm's epoch, to the next joiner)."""
+    from types import SimpleNamespace
+
+    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
+
+    optimizer = object.__new__(SwarmOptimizer)
+    optimizer.state_averager = SimpleNamespace(allow_state_sharing=False, round_weight=None)
+    optimizer.grad_averager = None
+    optimizer.client_mode, optimizer.auxiliary, optimizer.inexact_state = False, auxiliary, False
+    optimizer._set_catching_up(False)
+    assert optimizer.state_averager.allow_state_sharing is (not auxiliary)

@@ -53,6 +53,7 @@ class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
     inner_scheduler = None
     inner_steps_per_epoch = 1
     round_steps = 0  # inner steps taken since the last outer step (or given by the peer the state came from)
+    appends_to_state = True  # the inner optimizer's state, after upstream's
 
     def __init__(self, **kwargs):
         # One snapshot: the outer parameters and momentum, local_epoch, round_steps and the inner optimizer change

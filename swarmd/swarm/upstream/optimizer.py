@@ -433,5 +433,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.state_averager.round_weight = CATCHING_UP_WEIGHT if inexact else None
         if isinstance(self.grad_averager, AdmittingGradientAverager):
             self.grad_averager.round_weight = CATCHING_UP_WEIGHT if self.catching_up else None
-        if not self.client_mode:
+        if not self.client_mode and not self.auxiliary:
+            # an auxiliary peer never serves (hivemind's default for it): its parameters are the ones it started
+            # with or downloaded, never stepped (it applies no gradients and takes no average back, only reduces
+            # others' parts), while its epoch moves on with the swarm's: a joiner would take them as the swarm's
             self.state_averager.allow_state_sharing = not self.catching_up

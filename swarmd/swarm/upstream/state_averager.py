@@ -14,6 +14,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.optimizer_state_wire import COUNTER_KEYS
+from swarmd.swarm.state_layout import StateLayout, optimizer_layout
 from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.upstream.parameter_refresh import ServesParameters
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
@@ -108,6 +109,19 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
                 if self.scheduler is not None:
                     for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                         group["lr"] = lr
+
+    # DiLoCo's averager appends its inner optimizer's state to upstream's (diloco_state.py)
+    appends_to_state = False
+
+    def state_layout(self, kind: str) -> StateLayout:
+        """This peer's own layout, which a donor's must match before anything of it is applied: upstream's loader
+        trusts the donor's shapes and parameter indices (swarm/state_layout.py)."""
+        own = [*(p for group in self.optimizer.param_groups for p in group["params"]), *self.extra_tensors]
+        shapes = tuple(tuple(tensor.shape) for tensor in own)
+        if kind != "state":
+            return StateLayout(shapes, len(shapes))
+        metadata, statistics = optimizer_layout(self.optimizer)
+        return StateLayout(shapes + statistics, len(shapes), metadata, more_allowed=self.appends_to_state)
 
     def get_current_state(self):
         """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`

@@ -41,6 +41,7 @@ from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
+from swarmd.swarm.state_layout import StateLayout, layout_mismatch
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
 __all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
@@ -165,7 +166,7 @@ class DownloadsState:
                     with self.download_refusals.get_lock():
                         self.download_refusals.value += 1
                     continue
-                unusable = unusable_state(loaded)
+                unusable = unusable_state(loaded) or self._misfit(kind, loaded)
                 if unusable:  # a lying or broken donor: its state would poison this peer's, ask the next
                     logger.warning("Peer %s sent a %s that cannot be used (%s): asking the next", peer, kind, unusable)
                     continue
@@ -192,6 +193,14 @@ class DownloadsState:
             except ProtocolUnsupported:
                 pass
         return await self._download_rpc(peer, kind, waits), "hivemind RPC"
+
+    def state_layout(self, kind: str) -> Optional[StateLayout]:
+        """The layout that a download of `kind` must have to be taken (swarm/state_layout.py); None: unchecked."""
+        return None
+
+    def _misfit(self, kind: str, loaded) -> str:
+        layout = self.state_layout(kind)
+        return layout_mismatch(layout, *loaded) if layout is not None else ""
 
     async def _peers_sharing_state(self) -> list[PeerID]:
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
