@@ -58,6 +58,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.optimizer import Optimizer
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import P2P
 from hivemind.p2p.servicer import ServicerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
@@ -80,6 +81,7 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "_averaging_alpha", "attribute", ()),  # robust_aggregation
     (DecentralizedAverager, "_shutdown", "method", ("timeout",)),  # averager_shutdown
     (DecentralizedAverager, "_p2p", "attribute", ()),  # averager_shutdown, state_stream
+    (P2P, "_client", "attribute", ()),  # benchmark: home_relay (p2pd's connect to a /p2p-circuit address)
     (DecentralizedAverager, "_declare_for_download_periodically", "method", ()),  # averager_pace (a copy of the loop)
     (DecentralizedAverager, "_state_updated", "attribute", ()),  # averager_pace
     (DecentralizedAverager, "_matchmaking", "attribute", ()),  # averager_pace (a property there), state_stream
