@@ -20,6 +20,13 @@ An excluded peer is refused at join_group (it cannot join this peer's group), it
 doubles with each exclusion of the same peer: `base_seconds`, 2x, 4x... at most `max_seconds`. When it ends the
 evidence starts afresh; the count of exclusions is forgotten `max_seconds` after the last one ended.
 
+Before that, a peer with any evidence against it in the window (clipped once, a refused average, a capped claim) is
+a suspect: not refused anywhere, but asked last for the state. Why: a peer that falls behind downloads from whoever
+offers the newest state, and an attacker that is not excluded yet offers one (under DiLoCo, once the others stop
+averaging with it, its outer steps are its own, on its attack's pseudo-gradients): an honest DiLoCo peer ended at
+loss 6.02 against the clean run's 0.005 in one run of the attack benchmark's x -1e6 cell in four (docs/FAULTS.md).
+An honest peer clipped now and then is asked after the others: a slower join from it at worst.
+
 Peer ids come from other peers (untrusted): the table keeps at most `max_peers` peers, and when full forgets the
 peer seen longest ago that is not excluded (an excluded one is never forgotten early); each peer's evidence is at
 most EVIDENCE_PER_PEER observations.
@@ -66,6 +73,7 @@ logger = logging.getLogger("swarmd.exclusion")
 PLACES = ("join_group", "aggregate_part", "leader", "state_source")
 REASONS = ("clipped", "returned", "claims")
 EXCLUDED_FILE = "excluded_peers.active"  # in the state dir: the ids every process of this peer refuses
+SUSPECT_MARK = "suspect "  # a line of that file naming a suspect (asked last for the state), not an excluded peer
 EVIDENCE_PER_PEER = 512  # observations kept per peer (the newest)
 # Reports in flight from the averagers to the daemon (more are dropped), and the senders of one round in a report (a
 # group larger than that is not hivemind's usual): together under 64 kB, a pipe's buffer, so that the queue's feeder
@@ -146,6 +154,17 @@ class ExclusionTable:
         """The exclusions in force at `now`, soonest to end first."""
         current = [r.excluded for r in self._records.values() if self._is_excluded(r, now)]
         return tuple(sorted(current, key=lambda e: (e.until, e.peer_id)))
+
+    def suspects(self, now: float) -> tuple[str, ...]:
+        """Peers not excluded at `now` with any evidence against them in the window, sorted."""
+        found = []
+        for peer_id, record in self._records.items():
+            if self._is_excluded(record, now):
+                continue
+            self._age(record, now)
+            if any(flag for _, flag in record.rounds) or record.returned or record.claims:
+                found.append(peer_id)
+        return tuple(sorted(found))
 
     def is_excluded(self, peer_id: str, now: float) -> bool:
         record = self._records.get(peer_id)
@@ -247,6 +266,7 @@ class ExclusionList(SharedPeerFile):
         super().__init__(path)
         self.policy = policy
         self._evidence = None
+        self._suspects: frozenset[str] = frozenset()
 
     def start(self, context=None) -> None:
         context = context or mp
@@ -254,11 +274,22 @@ class ExclusionList(SharedPeerFile):
         self._evidence = context.Queue(EVIDENCE_QUEUE)
         self.publish(())
 
-    def publish(self, peers: Iterable[str]) -> None:
-        self.publish_lines(sorted(set(peers)))
+    def publish(self, peers: Iterable[str], suspects: Iterable[str] = ()) -> None:
+        """The excluded peers, a line each, and the suspects, each on a line of its own after SUSPECT_MARK."""
+        self.publish_lines([*sorted(set(peers)), *(f"{SUSPECT_MARK}{peer}" for peer in sorted(set(suspects)))])
 
     def excludes(self, peer_id: str) -> bool:
         return peer_id in self.peers
+
+    def suspected(self, peer_id: str) -> bool:
+        """Evidence against `peer_id` in the window, not enough to exclude it: asked last for the state."""
+        self._refresh()
+        return peer_id in self._suspects
+
+    def _parse(self, text: str) -> frozenset:
+        lines = super()._parse(text)
+        self._suspects = frozenset(line[len(SUSPECT_MARK):] for line in lines if line.startswith(SUSPECT_MARK))
+        return frozenset(line for line in lines if not line.startswith(SUSPECT_MARK))
 
     def admit(self, peer_id: str, where: str) -> bool:
         """False (counted, logged once per peer and place) if `peer_id` is excluded."""
@@ -353,6 +384,7 @@ class Exclusions(Extension):
         self.list: Optional[ExclusionList] = None
         self._clock = clock
         self._published: frozenset = frozenset()
+        self._published_suspects: frozenset = frozenset()
 
     async def start(self, view: DaemonView) -> None:
         self.list = ExclusionList(view.config.state_path / EXCLUDED_FILE, self.policy)
@@ -373,11 +405,12 @@ class Exclusions(Extension):
             )
         self.table.expire(now)
         current = frozenset(e.peer_id for e in self.table.excluded(now))
-        if current != self._published:
+        suspects = frozenset(self.table.suspects(now))
+        if (current, suspects) != (self._published, self._published_suspects):
             for peer_id in sorted(self._published - current):
                 logger.info("Peer %s is no longer excluded (its exclusion ended)", peer_id)
-            self.list.publish(current)
-            self._published = current
+            self.list.publish(current, suspects)
+            self._published, self._published_suspects = current, suspects
 
     def snapshot_fields(self) -> dict[str, Any]:
         info = self.info()

@@ -362,3 +362,34 @@ def test_a_reducer_whose_averages_were_refused_in_three_rounds_is_excluded_and_t
     table = ExclusionTable(ExclusionPolicy(rounds=1))
     made = feed(table, [("returned", T0, ("liar", "other")), ("returned", "bad")])
     assert sorted(e.peer_id for e in made) == ["liar", "other"]
+
+
+def test_a_peer_with_any_evidence_in_the_window_is_a_suspect_until_excluded_or_aged_out():
+    table = ExclusionTable(ExclusionPolicy(rounds=3, window=600.0))
+    clipped_rounds(table, "honest", 5, clipped=False)
+    table.observe_round("odd", True, T0)
+    table.observe_claim("boaster", 4, T0)
+    assert table.suspects(T0 + 1) == ("boaster", "odd")
+    clipped_rounds(table, "odd", 2, start=T0 + 1)  # the third clipped round excludes it: excluded, not a suspect
+    assert table.is_excluded("odd", T0 + 4) and table.suspects(T0 + 4) == ("boaster",)
+    assert table.suspects(T0 + 601) == ()  # the claim is older than the window
+
+
+def test_suspects_reach_every_process_are_not_refused_and_are_asked_last_for_the_state(tmp_path):
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.state_stream import donor_order
+
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+    newest, honest, other = (PeerID(f"peer-{i}".encode()) for i in range(3))
+    listed.publish(["excluded-one"], suspects=[newest.to_base58()])
+    reader = ExclusionList(tmp_path / EXCLUDED_FILE)  # what an averager's process reads
+    assert reader.excludes("excluded-one") and not reader.excludes(newest.to_base58())
+    assert reader.suspected(newest.to_base58()) and not reader.suspected("excluded-one")
+    assert reader.admit(newest.to_base58(), "state_source")  # a suspect is not refused
+    offers = {newest: 9.0, honest: 7.0, other: 8.0}
+    assert donor_order(offers, reader) == [other, honest, newest]  # the newest offer is the suspect's: asked last
+    assert donor_order(offers) == [newest, other, honest]  # exclusions off: upstream's order, newest first
+    listed.publish(["excluded-one"])
+    assert not reader.suspected(newest.to_base58())

@@ -44,7 +44,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 from swarmd.swarm.state_layout import StateLayout, layout_mismatch
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
-__all__ = ["DownloadsState", "Waits", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
+__all__ = ["DownloadsState", "Waits", "donor_order", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,8 +206,7 @@ class DownloadsState:
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(key, latest=True, return_future=True)
         offers = state_offers(found, self.peer_id, self._allow_list, self._exclusions)
-        ties = {peer: random.random() for peer in offers}  # randomness breaks ties, as upstream
-        return sorted(offers, key=lambda peer: (offers[peer], ties[peer]), reverse=True)
+        return donor_order(offers, self._exclusions)
 
     async def _download_stream(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` by the stream, None when it refused; ProtocolUnsupported when it does not
@@ -295,6 +294,15 @@ def state_offers(found, own_peer_id: PeerID, allow_list, exclusions=None) -> dic
                 and not_excluded(exclusions, peer, "state_source"):
             offers[peer] = float(priority)
     return offers
+
+
+def donor_order(offers: dict[PeerID, float], exclusions=None) -> list[PeerID]:
+    """Whom to ask for the state, in turn: upstream's order (the highest priority, i.e. the newest epoch, first; ties
+    at random), except that suspects (evidence against them, not yet enough to exclude them: swarm/exclusion.py) come
+    after everyone else: a liar not excluded yet offers the newest state as readily as anyone."""
+    ties = {peer: random.random() for peer in offers}
+    trusted = {peer: exclusions is None or not exclusions.suspected(peer.to_base58()) for peer in offers}
+    return sorted(offers, key=lambda peer: (trusted[peer], offers[peer], ties[peer]), reverse=True)
 
 
 @dataclasses.dataclass
