@@ -30,6 +30,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routerlab  # noqa: E402
+from common import machine, print_table  # noqa: E402
 
 PORT = 40100
 # hivemind's vendored multiaddr writes /p2p/<id> as a CID (0x01 0x72 + multihash); p2pd reads a bare multihash and
@@ -98,7 +99,7 @@ def measure(private: bool, timeout: float, work: Path) -> dict:
         args = [sys.executable, __file__, "--node", role, str(out), *(["--private"] if private and role != "public0"
                                                                          else []), *initial]
         log = open(work / f"{role}.log", "w")
-        nodes.append(subprocess.Popen(["ip", "netns", "exec", namespace, *args], stdout=log, stderr=subprocess.STDOUT))
+        nodes.append(subprocess.Popen([*lab.exec_prefix(namespace), *args], stdout=log, stderr=subprocess.STDOUT))
         return out
 
     with lab:
@@ -152,10 +153,9 @@ def main() -> None:
     result = measure(not options.no_force, options.timeout, work)
     last = result["last"] or {}
     homes = "forced private + AutoRelay" if result["private"] else "as swarmd starts them"
-    print(f"{'home peers':<28}  {'home1 -> home0 through public0':<34}  {'after (s)':>9}  last outcome")
-    print(f"{'-' * 28}  {'-' * 34}  {'-' * 9}  {'-' * 12}")
     reached = "pinged over the relay" if last.get("pinged") else "no"
-    print(f"{homes:<28}  {reached:<34}  {result['seconds']:>9.0f}  {last.get('outcome', 'no dial yet')}")
+    print_table(machine(), ["home peers", "home1 -> home0 through public0", "after (s)", "last outcome"],
+                [[homes, reached, f"{result['seconds']:.0f}", last.get("outcome", "no dial yet")]])
     print(f"(logs: {work}; a node's p2pd messages: HIVEMIND_LOGLEVEL=DEBUG GOLOG_LOG_LEVEL=error,autorelay=debug)")
 
 

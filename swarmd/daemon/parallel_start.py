@@ -71,7 +71,7 @@ class Preload:
 
     async def wait(self) -> None:
         if self.running:
-            await asyncio.to_thread(self._thread.join)
+            await asyncio.to_thread(self.join)
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Block until the imports are done (at once when they never started), at most `timeout` seconds."""

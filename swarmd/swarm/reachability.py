@@ -85,10 +85,15 @@ def addresses_to_check(visible_maddrs) -> list[str]:
     return list(dict.fromkeys(public or dialable))[:MAX_ADDRESSES]
 
 
+def _host(maddr: str) -> str:
+    """The address or name of a multiaddr (/ip4/<host>/tcp/...)."""
+    return maddr.strip("/").split("/")[1]
+
+
 def _is_local(maddr: str) -> bool:
     """An address only its own network can dial: loopback, RFC 1918, carrier-grade NAT (100.64/10), link-local,
     IPv6 unique-local. Not 198.18/15 (the benchmarks' lab uses it as its internet)."""
-    host = maddr.strip("/").split("/")[1]
+    host = _host(maddr)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -103,7 +108,7 @@ def only_local(addresses: list[str]) -> bool:
 
 def reachable_line(addresses: list[str]) -> str:
     # loopback only: a swarm on one machine (a demo, the tests), where "reachable" means just that
-    on_this_machine = all(address.strip("/").split("/")[1] in ("127.0.0.1", "::1", "localhost") for address in addresses)
+    on_this_machine = all(_host(address) in ("127.0.0.1", "::1", "localhost") for address in addresses)
     if only_local(addresses) and not on_this_machine:
         # a peer on the same network dialed it: true there, and nowhere else
         return (f"Reachable on its own network only: a peer dialed this one back at {', '.join(addresses)}, "

@@ -34,7 +34,6 @@ class StateLayout:
     `more_allowed`: whether tensors after `shapes` are taken (DiLoCo's inner state)."""
 
     shapes: tuple[tuple[int, ...], ...]
-    parameters_and_extras: int
     optimizer_metadata: Optional[tuple] = None
     more_allowed: bool = False
 

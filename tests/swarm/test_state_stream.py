@@ -106,7 +106,7 @@ class CheckingJoiner(StreamingAverager):
     def state_layout(self, kind):
         with self.get_tensors() as tensors:
             shapes = tuple(tuple(t.shape) for t in tensors)
-        return StateLayout(shapes, len(shapes))
+        return StateLayout(shapes)
 
 
 class MisfitDonor(StreamOnlyDonor):

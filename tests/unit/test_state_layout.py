@@ -21,7 +21,7 @@ def adam(seed: int, steps: int = 2):
 def layout_of(model, optimizer, more_allowed=False) -> StateLayout:
     metadata, statistics = optimizer_layout(optimizer)
     shapes = tuple(tuple(p.shape) for p in model.parameters())
-    return StateLayout(shapes + statistics, len(shapes), metadata, more_allowed=more_allowed)
+    return StateLayout(shapes + statistics, metadata, more_allowed=more_allowed)
 
 
 def served(model, optimizer):
@@ -31,9 +31,11 @@ def served(model, optimizer):
 
 
 def test_another_peers_state_of_the_same_model_fits_and_its_values_do_not_matter():
-    layout = layout_of(*adam(0))
+    model, optimizer = adam(0)
+    layout = layout_of(model, optimizer)
     assert layout_mismatch(layout, *served(*adam(1, steps=5))) == ""
-    assert layout.parameters_and_extras == 4 and len(layout.shapes) == 4 + 4 * 3  # step, exp_avg, exp_avg_sq
+    assert layout.shapes[:4] == tuple(tuple(p.shape) for p in model.parameters())  # the parameters first
+    assert len(layout.shapes) == 4 + 4 * 3  # then step, exp_avg, exp_avg_sq of each
 
 
 def test_one_number_per_parameter_is_refused_where_hivemind_would_broadcast_it():
@@ -48,7 +50,7 @@ def test_a_statistic_of_another_shape_or_another_count_is_refused():
     metadata, tensors = served(*adam(1))
     assert layout_mismatch(layout, metadata, tensors[:-1]) == "15 tensors where this peer has 16"
     assert layout_mismatch(layout, metadata, [*tensors, torch.zeros(1)]) == "17 tensors where this peer has 16"
-    assert layout_mismatch(StateLayout(layout.shapes, 4, layout.optimizer_metadata, more_allowed=True), metadata,
+    assert layout_mismatch(StateLayout(layout.shapes, layout.optimizer_metadata, more_allowed=True), metadata,
                            [*tensors, torch.zeros(1)]) == ""  # DiLoCo appends its inner state
     shapes = [tuple(t.shape) for t in tensors]
     wrong = next(i for i in range(4, len(tensors)) if shapes[i] == (4, 3))
@@ -82,6 +84,6 @@ def test_optimizer_metadata_that_moves_statistics_or_names_other_parameters_is_r
 
 def test_a_download_of_parameters_only_checks_the_parameters():
     model, _ = adam(0)
-    layout = StateLayout(tuple(tuple(p.shape) for p in model.parameters()), 4)
+    layout = StateLayout(tuple(tuple(p.shape) for p in model.parameters()))
     assert layout_mismatch(layout, {}, list(adam(1)[0].parameters())) == ""
     assert layout_mismatch(layout, {}, [torch.zeros(1)] * 4) == "tensor 0 has shape [1], this peer's [4, 3]"

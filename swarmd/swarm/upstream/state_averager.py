@@ -119,9 +119,9 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         own = [*(p for group in self.optimizer.param_groups for p in group["params"]), *self.extra_tensors]
         shapes = tuple(tuple(tensor.shape) for tensor in own)
         if kind != "state":
-            return StateLayout(shapes, len(shapes))
+            return StateLayout(shapes)
         metadata, statistics = optimizer_layout(self.optimizer)
-        return StateLayout(shapes + statistics, len(shapes), metadata, more_allowed=self.appends_to_state)
+        return StateLayout(shapes + statistics, metadata, more_allowed=self.appends_to_state)
 
     def get_current_state(self):
         """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`
