@@ -75,6 +75,8 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
     ("swarmd_aggregation_outliers_clipped", "Senders this peer's share of an averaging round clipped as outliers "
      "(robust aggregation, swarm.aggregation), one per sender and round: the evidence against a peer that lies.",
      lambda s: s.outliers_clipped_total),
+    ("swarmd_state_forwarded_bytes", "Bytes of the state of peers behind NAT (clients) this peer forwarded to joiners "
+     "that could not reach them: what it pays for their joins.", lambda s: s.state_forwarded_bytes_total),
     ("swarmd_step_failures", "Training steps that raised an error.", lambda s: s.failures_total),
     ("swarmd_nonfinite_steps", "Training steps whose loss or gradients were not finite (not contributed).",
      lambda s: s.nonfinite_steps_total),
@@ -229,6 +231,9 @@ def _exclusions(s: Snapshot) -> Iterable:
     yield GaugeMetricFamily("swarmd_peers_excluded", "Peers this peer excludes now on evidence (robust aggregation "
                             "clipped them repeatedly, or their progress claims were implausible).",
                             value=float(len(s.excluded_peers)))
+    yield GaugeMetricFamily("swarmd_peers_suspected", "Peers with evidence against them in the exclusion window, not "
+                            "enough to exclude them: refused nowhere, asked last for the state.",
+                            value=float(len(s.suspected_peers)))
     made = CounterMetricFamily("swarmd_exclusions", "Exclusions of peers on evidence since the daemon started, by "
                                "reason: clipped (outliers in robust aggregation), claims (implausible samples).",
                                labels=["reason"])

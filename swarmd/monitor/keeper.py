@@ -40,20 +40,22 @@ class StateKeeper:
         from swarmd.checkpoints.store import CheckpointStore
         from swarmd.swarm.averager_keys import averager_prefix
         from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
-        from swarmd.swarm.upstream.state_stream import DownloadsState
+        from swarmd.swarm.upstream.state_forward import ForwardsState
         from swarmd.swarm.strategies import strategy_of
         from swarmd.tasks.registry import build_task_for_the_model
 
-        class _Downloader(UpstreamRpcNames, DownloadsState, DecentralizedAverager):
+        class _Downloader(UpstreamRpcNames, ForwardsState, DecentralizedAverager):
             _upstream = TrainingStateAverager  # the name the peers' state averagers serve downloads under
-            # (and DownloadsState: by the peers' state stream, swarm/upstream/state_stream.py, where they serve it)
+            # (and ForwardsState: by the peers' state stream, swarm/upstream/state_stream.py, where they serve it,
+            # and through a forwarder from peers behind NAT, state_forward.py)
 
         self.config, self.timeout = config, timeout
         self.task = build_task_for_the_model(config)
         self.model = self.task.build_model()
         self.parameters = [p for group in self.task.parameter_groups(self.model) for p in group["params"]]
         prefix = averager_prefix(config.run_id, strategy_of(config).state_suffix)
-        self.downloader = _Downloader(averaged_tensors=[torch.zeros(1)], dht=dht, prefix=prefix, client_mode=True, start=True)
+        self.downloader = _Downloader(averaged_tensors=[torch.zeros(1)], dht=dht, prefix=prefix, client_mode=True,
+                                      start=True, serves_as_client=False)  # it holds no state to offer
         self.store = CheckpointStore(config.checkpoint_path, keep=config.checkpoint.keep)
         self.kept: Optional[KeptState] = None
 

@@ -110,6 +110,8 @@ def _header(s: dict[str, Any]):
         grid.add_row("manifest", manifest_line(s["manifest"]))
     for entry in s.get("excluded_peers") or ():
         grid.add_row("excluded", excluded_line(entry, s.get("uptime_seconds"), s.get("started_at")))
+    for entry in s.get("suspected_peers") or ():
+        grid.add_row("suspected", suspected_line(entry))
     if s.get("parameter_drift") is not None:
         grid.add_row("drift", f"{s['parameter_drift']:.3g} of the parameters' norm from the swarm's last average")
     if s.get("metrics_address"):
@@ -131,6 +133,18 @@ def excluded_line(entry: dict[str, Any], uptime, started_at) -> str:
             f"exclusion {entry.get('exclusions')}")
 
 
+def suspected_line(entry: dict[str, Any]) -> str:
+    """A peer with evidence against it, not enough to exclude it (swarm/exclusion.py): who, and the evidence."""
+    evidence = []
+    if entry.get("clipped_rounds"):
+        evidence.append(f"clipped in {entry['clipped_rounds']} of {entry.get('rounds_seen')} rounds")
+    if entry.get("returned_rounds"):
+        evidence.append(f"its returned averages refused in {entry['returned_rounds']} rounds")
+    if entry.get("capped_claims"):
+        evidence.append(f"claims capped in {entry['capped_claims']} epochs")
+    return f"{_short_id(entry.get('peer_id'))}  ·  {', '.join(evidence)}  ·  asked last for the state"
+
+
 def manifest_line(m: dict[str, Any]) -> str:
     """The run's manifest in one line: version, the run key's fingerprint, and what waits for a restart."""
     text = f"v{m.get('version')}  ·  run key {str(m.get('key_fingerprint') or '')[:16]}"
@@ -146,6 +160,12 @@ def manifest_line(m: dict[str, Any]) -> str:
 def _reachable(s: dict[str, Any]) -> str:
     """yes / no (the advice is in the log) / unknown (no peer answered yet); a client (by choice, or because its
     initial peers could not dial it back) is reached over the connections it opens, and trains normally."""
+    forwarded = s.get("state_forwarded_bytes_total") or 0
+    relayed = f"  ·  forwarded {forwarded / 1e6:.1f} MB of clients' state" if forwarded else ""
+    return _how_reached(s) + relayed
+
+
+def _how_reached(s: dict[str, Any]) -> str:
     reachable = s.get("reachable") or "unknown"
     if s.get("reachability") == "client" or (reachable == "unknown" and s.get("client_mode")):
         return "as a client (it dials out; trains normally)"

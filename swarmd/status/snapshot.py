@@ -98,6 +98,8 @@ class SwarmProgress:
     state_loads_total: int
     parameter_drift: Optional[float] = None
     outliers_clipped_total: int = 0
+    # bytes of other peers' state this peer forwarded to joiners that could not reach them (swarm/upstream/state_forward.py)
+    state_forwarded_bytes_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,9 +177,14 @@ class Snapshot:
     # senders this peer's share of the all-reduces clipped as outliers, one per sender and round
     # (swarm/upstream/robust_aggregation.py): the evidence against a peer that lies
     outliers_clipped_total: int = 0
+    # bytes of clients' state (peers behind NAT) this peer forwarded to joiners (swarm/upstream/state_forward.py)
+    state_forwarded_bytes_total: int = 0
     # peers this one excluded on evidence (swarm/exclusion.py ExcludedPeer each: peer_id, reason, since, until,
     # clipped_rounds, rounds_seen, capped_claims, exclusions), exclusions made by reason, refusals of them by place
     excluded_peers: tuple = ()
+    # peers with evidence against them, not (yet) excluded (swarm/exclusion.py SuspectedPeer each: peer_id,
+    # clipped_rounds, rounds_seen, returned_rounds, capped_claims): refused nowhere, asked last for the state
+    suspected_peers: tuple = ()
     exclusions_total: dict = field(default_factory=lambda: {reason: 0 for reason in EXCLUSION_REASONS})
     exclusion_refusals: dict = field(default_factory=lambda: {place: 0 for place in EXCLUSION_PLACES})
     # L2 distance of this peer's parameters from the swarm's average at the last state averaging, over the average's
@@ -276,6 +283,7 @@ def read_swarm_progress(optimizer) -> SwarmProgress:
         state_loads_total=optimizer.state_loads_total,
         parameter_drift=getattr(getattr(optimizer, "state_averager", None), "last_parameter_drift", None),
         outliers_clipped_total=getattr(optimizer, "outliers_clipped_total", 0),
+        state_forwarded_bytes_total=getattr(optimizer, "state_forwarded_bytes_total", 0),
     )
 
 
@@ -348,6 +356,7 @@ def _progress_fields(progress: Optional[SwarmProgress]) -> dict[str, Any]:
         state_loads_total=progress.state_loads_total,
         parameter_drift=progress.parameter_drift,
         outliers_clipped_total=progress.outliers_clipped_total,
+        state_forwarded_bytes_total=progress.state_forwarded_bytes_total,
     )
 
 

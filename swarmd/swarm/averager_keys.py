@@ -11,7 +11,7 @@ No torch or hivemind import: the monitor and the config side read this too.
 from __future__ import annotations
 
 __all__ = [
-    "ALL_SUFFIXES", "DILOCO_OUTER", "DILOCO_STATE", "GRADIENTS", "STATE", "averager_prefix", "group_bits",
+    "ALL_SUFFIXES", "CLIENT_DONORS", "DILOCO_OUTER", "DILOCO_STATE", "GRADIENTS", "STATE", "averager_prefix", "group_bits",
     "peer_keyed_names",
 ]
 
@@ -23,6 +23,9 @@ DILOCO_STATE = "_diloco_state_averager"
 DILOCO_OUTER = "_diloco_outer"
 
 ALL_SUFFIXES = (STATE, GRADIENTS, DILOCO_STATE, DILOCO_OUTER)
+
+# `{prefix}.client_donors`: clients (behind NAT) that offer their state through forwarders (swarm/upstream/state_forward.py)
+CLIENT_DONORS = "client_donors"
 
 
 def averager_prefix(run_id: str, suffix: str) -> str:
@@ -44,8 +47,9 @@ def group_bits(suffix: str, step: int) -> str:
 
 def peer_keyed_names(run_id: str, suffix: str) -> list[str]:
     """Every DHT key of an averager whose subkeys are peer ids: its matchmaking keys, one per group bits
-    (`{prefix}.0b{bits}`: who may lead a group), and `{prefix}.all_averagers` (who offers its state)."""
+    (`{prefix}.0b{bits}`: who may lead a group), `{prefix}.all_averagers` (who offers its state) and
+    `{prefix}.client_donors` (which clients offer theirs through forwarders)."""
     prefix = averager_prefix(run_id, suffix)
     width = GROUP_BITS.get(suffix, 0)
     bits = [format(value, f"0{width}b") for value in range(1 << width)] if width else [""]
-    return [f"{prefix}.0b{b}" for b in bits] + [f"{prefix}.all_averagers"]
+    return [f"{prefix}.0b{b}" for b in bits] + [f"{prefix}.all_averagers", f"{prefix}.{CLIENT_DONORS}"]

@@ -116,6 +116,18 @@ class ExcludedPeer:
     returned_rounds: int = 0  # rounds in the window whose average it returned this peer refused, when excluded
 
 
+@dataclass(frozen=True)
+class SuspectedPeer:
+    """A peer with evidence against it in the window, not enough to exclude it: refused nowhere, asked last for the
+    state (swarm/upstream/state_stream.py donor_order). The status shows it (`suspected_peers`)."""
+
+    peer_id: str
+    clipped_rounds: int  # rounds in the window it was clipped in
+    rounds_seen: int  # rounds in the window it sent to this peer's share
+    returned_rounds: int  # rounds in the window whose average it returned this peer refused
+    capped_claims: int  # global epochs in the window its claims were capped in
+
+
 @dataclass
 class _Record:
     rounds: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, clipped)
@@ -157,14 +169,22 @@ class ExclusionTable:
 
     def suspects(self, now: float) -> tuple[str, ...]:
         """Peers not excluded at `now` with any evidence against them in the window, sorted."""
+        return tuple(suspect.peer_id for suspect in self.suspected_peers(now))
+
+    def suspected_peers(self, now: float) -> tuple[SuspectedPeer, ...]:
+        """The suspects with their evidence in the window, sorted by peer id (the status shows them)."""
         found = []
-        for peer_id, record in self._records.items():
+        for peer_id, record in sorted(self._records.items()):
             if self._is_excluded(record, now):
                 continue
             self._age(record, now)
-            if any(flag for _, flag in record.rounds) or record.returned or record.claims:
-                found.append(peer_id)
-        return tuple(sorted(found))
+            clipped = sum(flag for _, flag in record.rounds)
+            if clipped or record.returned or record.claims:
+                found.append(SuspectedPeer(
+                    peer_id=peer_id, clipped_rounds=clipped, rounds_seen=len(record.rounds),
+                    returned_rounds=len(record.returned), capped_claims=len({epoch for _, epoch in record.claims}),
+                ))
+        return tuple(found)
 
     def is_excluded(self, peer_id: str, now: float) -> bool:
         record = self._records.get(peer_id)
@@ -371,6 +391,7 @@ class ExclusionInfo:
     """What the status shows (the snapshot's `excluded_peers`, `exclusions_total`, `exclusion_refusals`)."""
 
     excluded_peers: tuple = ()
+    suspected_peers: tuple = ()  # SuspectedPeer each
     exclusions_total: dict = field(default_factory=dict)  # {reason: exclusions since start}
     exclusion_refusals: dict = field(default_factory=dict)  # {place: requests of excluded peers refused}
 
@@ -414,12 +435,14 @@ class Exclusions(Extension):
 
     def snapshot_fields(self) -> dict[str, Any]:
         info = self.info()
-        return {"excluded_peers": info.excluded_peers, "exclusions_total": info.exclusions_total,
+        return {"excluded_peers": info.excluded_peers, "suspected_peers": info.suspected_peers,
+                "exclusions_total": info.exclusions_total,
                 "exclusion_refusals": info.exclusion_refusals}
 
     def info(self) -> ExclusionInfo:
         return ExclusionInfo(
             excluded_peers=self.table.excluded(self._clock()),
+            suspected_peers=self.table.suspected_peers(self._clock()),
             exclusions_total=dict(self.table.totals),
             exclusion_refusals=self.list.refusals() if self.list is not None else {p: 0 for p in PLACES},
         )

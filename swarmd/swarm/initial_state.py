@@ -3,7 +3,7 @@
 hivemind downloads state only when a peer is behind the swarm's epoch. Peers that start together at epoch 0 are
 not behind anyone, so each would train its own model until the first parameter averaging. Here a trainer looks at
 the peers that offer their state for download (hivemind's `<prefix>.all_averagers` record: peer -> priority, which
-is the peer's local epoch) and takes one's state when another trainer is ahead of it, or level with it and first in
+is the peer's local epoch, and swarmd's `<prefix>.client_donors` of clients behind NAT) and takes one's state when another trainer is ahead of it, or level with it and first in
 peer-id order, so that of two peers starting together exactly one downloads, and a peer never goes back to an
 older epoch than its own (e.g. one resumed from a checkpoint next to a fresh one).
 
@@ -42,16 +42,21 @@ def start_values(model, epoch: int) -> str:
 
 def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
     """Other peers offering their state: base58 peer id -> priority (their local epoch). {} if none or unreadable.
-    In a private swarm, insiders only, and never a peer excluded on evidence (state_stream.state_offers)."""
+    Reachable peers (`all_averagers`) and clients that offer theirs through forwarders (`client_donors`,
+    swarm/upstream/state_forward.py). In a private swarm, insiders only, and never a peer excluded on evidence
+    (state_stream.state_offers)."""
+    from swarmd.swarm.averager_keys import CLIENT_DONORS
     from swarmd.swarm.upstream.state_stream import state_offers
 
     averager = optimizer.state_averager
-    try:
-        found = optimizer.dht.get(f"{averager.prefix}.all_averagers", latest=True, return_future=True).result(timeout)
-    except Exception as e:  # noqa: BLE001 - a slow DHT costs the start-up download, not the start
-        logger.warning("Could not read which peers offer their state (%r): not downloading it", e)
-        return {}
-    offers = state_offers(found, averager.peer_id, averager._allow_list, getattr(averager, "_exclusions", None))
+    offers = {}
+    for key in ("all_averagers", CLIENT_DONORS):
+        try:
+            found = optimizer.dht.get(f"{averager.prefix}.{key}", latest=True, return_future=True).result(timeout)
+        except Exception as e:  # noqa: BLE001 - a slow DHT costs the start-up download, not the start
+            logger.warning("Could not read which peers offer their state (%r): not downloading it", e)
+            return {}
+        offers.update(state_offers(found, averager.peer_id, averager._allow_list, getattr(averager, "_exclusions", None)))
     return {peer.to_base58(): priority for peer, priority in offers.items()}
 
 

@@ -205,9 +205,13 @@ class TrainingWorker:
             logger.info("Downloading the swarm's state: %s", reason)
             try:
                 self.stats.begin("downloading the swarm's state", self.settings.download_budget)
+                loads = self.optimizer.state_loads_total
                 with timing("download"):
                     self.optimizer.load_state_from_peers()
-                if tracker.global_epoch - self.optimizer.local_epoch > 1:  # what came is older than the swarm
+                if self.optimizer.state_loads_total == loads:  # every offer failed, or none was left by now
+                    logger.warning("No peer sent the swarm's state: training on from this peer's own (epoch %d); it "
+                                   "downloads again once it is behind the swarm", self.optimizer.local_epoch)
+                elif tracker.global_epoch - self.optimizer.local_epoch > 1:  # what came is older than the swarm
                     logger.warning("Took a state of epoch %d, the swarm is at epoch %d: training on to catch up",
                                    self.optimizer.local_epoch, tracker.global_epoch)
                 else:

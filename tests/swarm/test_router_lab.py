@@ -176,3 +176,22 @@ def test_two_home_peers_behind_different_routers_average_in_one_group_of_three(l
     for home in homes:
         assert_joined_as_a_client(home)
     print(f"three peers averaged in one group {time.monotonic() - started:.0f} s after start")
+
+
+@pytest.mark.parametrize("lab", [{"homes": 3}], indirect=True)
+def test_a_late_home_peer_takes_the_state_of_a_home_peer_through_an_auxiliary_contact(lab, lab_peers, tmp_path):
+    """The swarm's only reachable peer does not train and holds no state (`--auxiliary`); the trainers are clients
+    behind two routers. A third home peer joining later cannot dial them: it takes one's state through the
+    auxiliary peer, which forwards it (swarm/upstream/state_forward.py) and counts the bytes."""
+    public, homes = start_swarm(lab, lab_peers, tmp_path, homes=2, public_args=("--auxiliary",))
+    for home in homes:
+        home.wait_status(lambda s: (s["local_epoch"] or 0) >= 2, timeout=90, what="two epochs of the first homes")
+    late = lab_peers(lab.home_namespace(2), "home2", extra_args=public.joining_args(timeout=10))
+    status = late.wait_status(lambda s: s["state_loads_total"] >= 1, timeout=90, what="the late peer's download")
+    assert status["local_epoch"] >= 2, status["local_epoch"]
+    assert_joined_as_a_client(late)
+    donors = {home.status()["peer_id"] for home in homes}
+    downloads = [line for line in late.log.splitlines() if "Downloaded the state of" in line]
+    assert downloads and any(f"of {donor} through {public.status()['peer_id']}" in downloads[0] for donor in donors), \
+        downloads
+    public.wait_status(lambda s: s["state_forwarded_bytes_total"] > 0, timeout=10, what="the forwarded bytes counted")

@@ -137,3 +137,90 @@ def test_a_donor_whose_state_does_not_fit_is_passed_over_for_the_next(two_dhts):
         for averager in (joiner, honest, misfit):
             averager.shutdown()
         third.shutdown()
+
+
+# A donor in a process of its own, whose stream sends at about 20 MB/s (so that a download takes seconds), and which
+# touches a file when it begins to send: killed then, it dies mid-download.
+SLOW_DONOR = r"""
+import asyncio, sys, time
+import torch
+from hivemind.averaging import DecentralizedAverager
+from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
+from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
+from swarmd.swarm.upstream.state_stream import DownloadsState
+
+initial_peers, prefix, began_file = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+
+class SlowWriter:
+    def __init__(self, writer):
+        self.writer = writer
+    def write(self, data):
+        self.writer.write(data)
+    async def drain(self):
+        await asyncio.sleep(0.05)  # per 1 MB write
+        await self.writer.drain()
+    def close(self):
+        self.writer.close()
+
+class SlowDonor(UpstreamRpcNames, DownloadsState, DecentralizedAverager):
+    _upstream = DecentralizedAverager
+    _rpc_handlers = None
+    async def _serve_state_stream(self, stream_info, reader, writer):
+        open(began_file, "w").close()
+        await super()._serve_state_stream(stream_info, reader, SlowWriter(writer))
+
+dht = ToleratesExitedCallers(initial_peers=initial_peers, start=True)
+donor = SlowDonor([torch.ones(12_500_000)], dht, prefix=prefix, target_group_size=2, start=True)
+donor.state_sharing_priority = 10.0  # asked first: it offers the newest state
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_donor_killed_mid_download_costs_the_joiner_seconds_not_a_timeout(two_dhts, tmp_path):
+    """The donor asked first dies while it sends (its processes killed, as a peer that crashes or is stopped): the
+    joiner takes the next donor's state at once, not after the chunk timeout (30 s here) or a retry."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    first, second = two_dhts
+    state = [torch.full((12_500_000,), 2.0)]  # 50 MB, as the slow donor's
+    prefix, began_file = "stream-killed", tmp_path / "began"
+    honest = StreamOnlyDonor(state, first, prefix=prefix, target_group_size=2, start=True)
+    slow = subprocess.Popen(
+        [sys.executable, "-c", SLOW_DONOR, ",".join(map(str, first.get_visible_maddrs())), prefix, str(began_file)],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    joiner = StreamingAverager([torch.zeros_like(t) for t in state], second, prefix=prefix, target_group_size=2,
+                               next_chunk_timeout=30.0, start=True)
+    try:
+        assert slow.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while len(state_offers(second.get(f"{prefix}.all_averagers", latest=True), second.peer_id, None)) < 2:
+            assert time.monotonic() < deadline, "the two donors' offers did not reach the joiner's DHT in 60 s"
+            time.sleep(0.5)
+        result = {}
+        download = threading.Thread(target=lambda: result.update(loaded=joiner.load_state_from_peers(timeout=60)))
+        began = time.monotonic()
+        download.start()
+        while not began_file.exists():
+            assert time.monotonic() - began < 30, "the slow donor was never asked"
+            time.sleep(0.05)
+        time.sleep(1.0)  # a second into its 2.5 s of sending
+        os.killpg(slow.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        download.join(60)
+        took = time.monotonic() - killed
+        metadata, tensors = result["loaded"]
+        assert metadata["served_by"] == "donor" and torch.equal(tensors[0], state[0])
+        print(f"the joiner had the next donor's state {took:.2f} s after the first donor was killed")
+        assert took < 10.0, f"{took:.1f} s: the joiner waited on the dead donor"
+    finally:
+        if slow.poll() is None:
+            os.killpg(slow.pid, signal.SIGKILL)
+        slow.wait(10)
+        joiner.shutdown()
+        honest.shutdown()

@@ -2,6 +2,7 @@
 evidence comes back from another process, and where an excluded peer is refused."""
 
 import asyncio
+import dataclasses
 import multiprocessing as mp
 import random
 import time
@@ -373,6 +374,25 @@ def test_a_peer_with_any_evidence_in_the_window_is_a_suspect_until_excluded_or_a
     clipped_rounds(table, "odd", 2, start=T0 + 1)  # the third clipped round excludes it: excluded, not a suspect
     assert table.is_excluded("odd", T0 + 4) and table.suspects(T0 + 4) == ("boaster",)
     assert table.suspects(T0 + 601) == ()  # the claim is older than the window
+
+
+def test_the_status_shows_each_suspect_with_its_evidence():
+    from swarmd.status.render import suspected_line
+
+    table = ExclusionTable(ExclusionPolicy(rounds=3, window=600.0))
+    clipped_rounds(table, "odd", 11, clipped=False)
+    table.observe_round("odd", True, T0 + 20)
+    table.observe_claim("boaster", 4, T0)
+    table.observe_claim("boaster", 4, T0 + 1)  # one epoch, claimed twice
+    odd, boaster = sorted(table.suspected_peers(T0 + 30), key=lambda p: p.peer_id, reverse=True)
+    assert (odd.peer_id, odd.clipped_rounds, odd.rounds_seen, odd.capped_claims) == ("odd", 1, 12, 0)
+    assert (boaster.peer_id, boaster.capped_claims, boaster.rounds_seen) == ("boaster", 1, 0)
+    line = suspected_line(dataclasses.asdict(odd))
+    assert "clipped in 1 of 12 rounds" in line and "asked last for the state" in line
+    assert "claims capped in 1 epochs" in suspected_line(dataclasses.asdict(boaster))
+    exclusions = Exclusions(ExclusionPolicy(), clock=lambda: T0 + 30)
+    exclusions.table = table
+    assert [p.peer_id for p in exclusions.snapshot_fields()["suspected_peers"]] == ["boaster", "odd"]
 
 
 def test_suspects_reach_every_process_are_not_refused_and_are_asked_last_for_the_state(tmp_path):

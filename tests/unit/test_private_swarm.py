@@ -208,6 +208,7 @@ def test_the_averagers_refuse_outsiders_by_their_authenticated_peer_id(tmp_path,
     assert asyncio.run(collect(ServesParameters.rpc_download_parameters(averager, None, context))) == []
     # and so is the state stream (swarm/upstream/state_stream.py): closed without a byte, by the id libp2p authenticated
     averager.request_timeout = 5.0
+    averager._shares_state = lambda: True
 
     async def ask_by_stream(request: bytes) -> RecordingWriter:
         reader, writer = asyncio.StreamReader(), RecordingWriter()

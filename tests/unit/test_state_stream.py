@@ -34,10 +34,12 @@ def server(tensors, infos, compression=NoCompression()):
     async def current_state():
         return MSGPackSerializer.dumps({"epoch": 7}), tensors, infos
 
-    return types.SimpleNamespace(
+    averager = types.SimpleNamespace(
         request_timeout=5.0, next_chunk_timeout=None, allow_state_sharing=True, _allow_list=None,
         state_compression=compression, _get_current_state_from_host_process=current_state,
     )
+    averager._shares_state = lambda: averager.allow_state_sharing  # DownloadsState's own
+    return averager
 
 
 async def served_bytes(averager, request: bytes) -> bytes:

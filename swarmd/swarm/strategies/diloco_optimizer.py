@@ -240,6 +240,8 @@ class DiLoCoOptimizer(ReadsItsParts):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.client_mode:  # a client offers its state through forwarders (state_forward.py), as the others serve
+            self.state_averager.offer_state_as_client(None if self.catching_up else self.local_epoch)
         if self._behind_swarm():
             logger.info("This peer is behind the swarm (epoch %d < %d)", self.local_epoch, self.tracker.global_epoch)
             caught_out = self._downloads_since_outer_step >= _DOWNLOADS_BEFORE_CATCHING_UP

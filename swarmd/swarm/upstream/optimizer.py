@@ -131,6 +131,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         if grad_scaler is None and not self.auxiliary:
             clip_local_gradients(self.param_groups, self.clip_local_grad_norm)
         loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        if self.client_mode:  # a client offers its state through forwarders (state_forward.py), as the others serve
+            self.state_averager.offer_state_as_client(None if self.catching_up else self.local_epoch)
         if self.catching_up:
             self._maybe_end_catch_up()
         if self.inexact_state:

@@ -31,14 +31,15 @@ from hivemind.utils import MPFuture
 from hivemind.utils.streaming import split_for_streaming
 
 from swarmd.swarm.upstream.averager_gate import admits
-from swarmd.swarm.upstream.state_stream import DownloadsState, served_tensors
+from swarmd.swarm.upstream.state_forward import ForwardsState
+from swarmd.swarm.upstream.state_stream import served_tensors
 
 __all__ = ["ServesParameters"]
 
 logger = logging.getLogger(__name__)
 
 
-class ServesParameters(DownloadsState):
+class ServesParameters(ForwardsState):
     """For hivemind's TrainingStateAverager: serve and download the parameters (and extra tensors) without the
     optimizer's statistics. Sits before TrainingStateAverager in the MRO."""
 

@@ -168,6 +168,12 @@ class ReadsItsParts:
         """Senders this peer's averagers clipped as outliers, one per sender and round (robust_aggregation.py)."""
         return outliers_clipped_total(self, self._RUNNING_PARTS)
 
+    @property
+    def state_forwarded_bytes_total(self) -> int:
+        """Bytes of clients' state this peer forwarded to joiners (state_forward.py), read from its process."""
+        counter = getattr(self.state_averager, "forwarded_bytes", None)
+        return counter.value if counter is not None else 0
+
     def restore_parameters(self, saved: list) -> None:
         """Put `saved` (the model's parameters, last known good, in order) back as this peer's parameters: the
         model's, and the offloaded optimizer's own host copies (DiLoCo's outer parameters) too, or the next step

@@ -7,7 +7,8 @@ itself, by the subkey that names the writer:
   signature validator has proved the writer holds that key, and since every swarmd peer signs with its identity key
   (swarm/upstream/identity.py), the key gives the peer id. An outsider's progress is not counted, its record not shown;
 - each averager's matchmaking keys `{prefix}.0b{group bits}` (who may lead a group; DiLoCo's outer rounds carry the
-  outer step in 8 group bits, the others none) and `{prefix}.all_averagers` (who may be asked for the state): the
+  outer step in 8 group bits, the others none), `{prefix}.all_averagers` and `{prefix}.client_donors` (who may be
+  asked for the state, directly or through a forwarder: swarm/upstream/state_forward.py): the
   subkey is the averager's peer id, so this peer never asks an outsider to lead it or to send it the state. Every
   averager's keys come from swarm/averager_keys.py.
 Other keys pass untouched. The validator sees keys only as their hashes (DHTID), so it hashes the names it guards.

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import multiprocessing as mp
 import random
 import time
-from typing import Optional
+from typing import Awaitable, Callable, Optional
 
 import torch
 from hivemind.compression import (
@@ -44,7 +45,7 @@ from hivemind.utils.timed_storage import ValueWithExpiration
 from swarmd.swarm.state_layout import StateLayout, layout_mismatch
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
-__all__ = ["DownloadsState", "Waits", "donor_order", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
+__all__ = ["DownloadsState", "Route", "Waits", "chunk_timeout", "donor_order", "read_state", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class DownloadsState:
         try:
             request = await asyncio.wait_for(reader.readline(), self.request_timeout)
             kind = request.strip().decode("ascii", "replace")
-            if kind not in KINDS or not self.allow_state_sharing:
+            if kind not in KINDS or not self._shares_state():
                 return
             if not admits_peer(self._allow_list, stream_info.peer_id, "download_state"):
                 return
@@ -142,6 +143,9 @@ class DownloadsState:
         finally:
             writer.close()
 
+    def _shares_state(self) -> bool:
+        return self.allow_state_sharing
+
     # --- downloading (the averager's process) ----------------------------------------------------------------
 
     async def _load_state_from_peers(self, future: MPFuture, timeout: Optional[float] = None) -> None:
@@ -149,40 +153,56 @@ class DownloadsState:
         await self._download_from_peers("state", future, timeout)
 
     async def _download_from_peers(self, kind: str, future: MPFuture, timeout: Optional[float] = None) -> None:
-        """The peers that share their state, by upstream's order (the highest epoch first), until one sends:
-        sets `future` to (metadata, tensors), or to None when none did. `timeout`: the download's (the host waits
-        as long), which bounds the wait for a peer's first bytes."""
+        """The peers that share their state, by upstream's order (the highest epoch first), then the clients that
+        offer theirs through forwarders (state_forward.py), until one sends: sets `future` to (metadata, tensors), or
+        to None when none did. `timeout`: the download's (the host waits as long), which bounds the wait for a
+        peer's first bytes."""
         chunk = chunk_timeout(self)
         try:
-            for peer in await self._peers_sharing_state():
-                waits = Waits(first=max(chunk, timeout or 0.0), chunk=chunk)
-                try:
-                    loaded, way = await self._download_from(peer, kind, waits)
-                except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
-                    logger.info("Peer %s did not send its %s: %r", peer, kind, e)
-                    continue
-                if loaded is None:
-                    logger.debug("Peer %s did not send its %s (refused)", peer, kind)
-                    with self.download_refusals.get_lock():
-                        self.download_refusals.value += 1
-                    continue
-                unusable = unusable_state(loaded) or self._misfit(kind, loaded)
-                if unusable:  # a lying or broken donor: its state would poison this peer's, ask the next
-                    logger.warning("Peer %s sent a %s that cannot be used (%s): asking the next", peer, kind, unusable)
-                    continue
-                megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
-                seconds = time.perf_counter() - waits.began
-                logger.info(
-                    "Downloaded the %s of %s by %s: %.1f MB in %.2f s (%.0f MB/s; its first bytes after %.2f s)",
-                    kind, peer, way, megabytes, seconds, megabytes / max(seconds, 1e-9), waits.first_bytes,
-                )
-                future.set_result(loaded)
-                return
+            for routes in (self._direct_routes, self._routes_through_forwarders):
+                for route in await routes(kind):
+                    loaded = await self._try_route(route, kind, Waits(first=max(chunk, timeout or 0.0), chunk=chunk))
+                    if loaded is not None:
+                        future.set_result(loaded)
+                        return
         except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
             logger.warning("Could not download the swarm's %s: %r", kind, e)
         finally:
             if not future.done():
                 future.set_result(None)
+
+    async def _direct_routes(self, kind: str) -> list[Route]:
+        return [Route(peer, str(peer), functools.partial(self._download_from, peer, kind))
+                for peer in await self._peers_sharing_state()]
+
+    async def _routes_through_forwarders(self, kind: str) -> list[Route]:
+        """Clients' states through the peers that forward them (state_forward.py); none here."""
+        return []
+
+    async def _try_route(self, route: Route, kind: str, waits: Waits) -> Optional[tuple]:
+        """What `route` sent, if it can be used; None (and why, in the log) otherwise."""
+        try:
+            loaded, way = await route.fetch(waits)
+        except Exception as e:  # noqa: BLE001 - a peer that fails (or leaves) costs a try: ask the next
+            logger.info("Peer %s did not send its %s: %r", route.label, kind, e)
+            return None
+        if loaded is None:
+            logger.debug("Peer %s did not send its %s (refused)", route.label, kind)
+            if route.counts_refusals:  # a forwarder's "no" may be the donor's absence: not a refusal of this peer
+                with self.download_refusals.get_lock():
+                    self.download_refusals.value += 1
+            return None
+        unusable = unusable_state(loaded) or self._misfit(kind, loaded)
+        if unusable:  # a lying or broken donor: its state would poison this peer's, ask the next
+            logger.warning("Peer %s sent a %s that cannot be used (%s): asking the next", route.label, kind, unusable)
+            return None
+        megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
+        seconds = time.perf_counter() - waits.began
+        logger.info(
+            "Downloaded the %s of %s by %s: %.1f MB in %.2f s (%.0f MB/s; its first bytes after %.2f s)",
+            kind, route.label, way, megabytes, seconds, megabytes / max(seconds, 1e-9), waits.first_bytes,
+        )
+        return loaded
 
     async def _download_from(self, peer: PeerID, kind: str, waits: Waits) -> tuple[Optional[tuple], str]:
         """(what `peer` sent or None, the way it came): by the stream, or hivemind's RPC where the peer does not
@@ -222,18 +242,7 @@ class DownloadsState:
         try:
             writer.write(kind.encode() + b"\n")
             await writer.drain()
-            try:
-                head = MSGPackSerializer.loads(await _read_frame(reader, waits.first, MAX_FRAME_HEADER))
-            except asyncio.IncompleteReadError as e:
-                if not e.partial:
-                    return None  # closed without a frame: refused
-                raise
-            waits.arrived()
-            tensors = []
-            for _ in range(int(head["tensors"])):
-                description = runtime_pb2.Tensor.FromString(await _read_frame(reader, waits.chunk, MAX_FRAME_HEADER))
-                tensors.append(await _read_tensor(reader, description, waits.chunk))
-            return self.serializer.loads(head["metadata"]), tensors
+            return await read_state(reader, waits, self.serializer)
         finally:
             writer.close()
 
@@ -258,6 +267,22 @@ class DownloadsState:
 
         tensors = await deserialize_tensor_stream(parts())
         return (metadata, tensors) if metadata else None
+
+
+async def read_state(reader: asyncio.StreamReader, waits: Waits, serializer):
+    """(metadata, tensors) as a state stream sends them, None when it closed without a frame (refused)."""
+    try:
+        head = MSGPackSerializer.loads(await _read_frame(reader, waits.first, MAX_FRAME_HEADER))
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise
+    waits.arrived()
+    tensors = []
+    for _ in range(int(head["tensors"])):
+        description = runtime_pb2.Tensor.FromString(await _read_frame(reader, waits.chunk, MAX_FRAME_HEADER))
+        tensors.append(await _read_tensor(reader, description, waits.chunk))
+    return serializer.loads(head["metadata"]), tensors
 
 
 def unusable_state(loaded) -> str:
@@ -303,6 +328,16 @@ def donor_order(offers: dict[PeerID, float], exclusions=None) -> list[PeerID]:
     ties = {peer: random.random() for peer in offers}
     trusted = {peer: exclusions is None or not exclusions.suspected(peer.to_base58()) for peer in offers}
     return sorted(offers, key=lambda peer: (trusted[peer], offers[peer], ties[peer]), reverse=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One way to a donor's state: `fetch(waits)` gives (what came or None when refused, the way it came)."""
+
+    donor: PeerID
+    label: str  # for the log: the donor, and the forwarder where there is one
+    fetch: Callable[[Waits], Awaitable[tuple[Optional[tuple], str]]]
+    counts_refusals: bool = True  # a refusal counts as the donor's refusal of this peer (StateRefused)
 
 
 @dataclasses.dataclass
