@@ -20,6 +20,9 @@ __all__ = ["PeerAnnouncer"]
 
 logger = logging.getLogger("swarmd.peers")
 
+MAX_DIALS = 8  # recorded peers this one dials per announce (swarm/address_records.py)
+REDIAL_SECONDS = 60.0  # a peer dialed (connected or not) is not dialed again before this
+
 
 class PeerAnnouncer(Extension):
     def __init__(self, run_id: str, *, interval: float = 5.0, expiration: float = 30.0, dht_timeout: float = 10.0):
@@ -29,6 +32,8 @@ class PeerAnnouncer(Extension):
         self.dht_timeout = dht_timeout
         self.records = None  # swarm.peer_records.PeerRecords, built with the DHT's validators
         self.round_records = None  # swarm.round_records.RoundRecords: the flight recorder's, beside them
+        self.address_records = None  # swarm.address_records.AddressRecords: where reachable peers are dialed
+        self._dialed: dict[str, float] = {}  # peer id -> time.monotonic() of this peer's last dial of it
         self.swarm_rounds: list[dict[str, Any]] = []  # the peers' published rounds, as the last fetch found them
         self.peers: list[dict[str, Any]] = []
         self.incompatible: list[dict[str, Any]] = []  # records left out: they disagree with this peer (compatibility)
@@ -45,14 +50,16 @@ class PeerAnnouncer(Extension):
             from swarmd.swarm.peer_records import PeerRecords
 
             from swarmd.swarm.round_records import RoundRecords
+            from swarmd.swarm.address_records import AddressRecords
 
             self.records = PeerRecords(self.run_id, expiration=self.expiration)
             self.round_records = RoundRecords(self.run_id, expiration=self.expiration)
+            self.address_records = AddressRecords(self.run_id, expiration=self.expiration)
         except Exception:  # noqa: BLE001 - an observer must not stop training
             logger.exception("Peer records are off: their validators could not be built")
-            self.records = self.round_records = None
+            self.records = self.round_records = self.address_records = None
             return []
-        return [*self.records.validators, *self.round_records.validators]
+        return [*self.records.validators, *self.round_records.validators, *self.address_records.validators]
 
     def ready(self, view: DaemonView) -> None:
         if self.records is not None and view.dht is not None:
@@ -71,6 +78,7 @@ class PeerAnnouncer(Extension):
                 # goodbye; the DHT stops later in the shutdown, and the store is already on its way by then
                 self._goodbye = self.records.publish(view.dht, None)
                 self.round_records.publish(view.dht, None)
+                self.address_records.publish(view.dht, None)
             except Exception as e:  # noqa: BLE001 - best effort
                 logger.debug("could not withdraw this peer's record: %r", e)
 
@@ -109,6 +117,7 @@ class PeerAnnouncer(Extension):
         self.fetched_at = time.time()
         self.rejected_total += rejected
         await self._announce_rounds(view, snapshot)
+        await self._announce_addresses(view, snapshot)
 
     async def _announce_rounds(self, view: DaemonView, snapshot) -> None:
         """The flight recorder's record (swarm/round_records.py): this peer's recent rounds out, everyone's in; only
@@ -123,6 +132,37 @@ class PeerAnnouncer(Extension):
         known = {peer["peer_id"] for peer in self.peers}
         self.swarm_rounds = [record for record in records if record["peer_id"] in known]
         self.rejected_total += rejected
+
+    async def _announce_addresses(self, view: DaemonView, snapshot) -> None:
+        """Where this peer is dialed (when others can: swarm/address_records.py) out; the kept peers' addresses in,
+        and those this peer is not connected to dialed (at most MAX_DIALS per announce, each once per
+        REDIAL_SECONDS): p2pd's own routing does not always find them."""
+        from functools import partial
+
+        from swarmd.swarm.address_records import address_record, parse_address_records
+        from swarmd.swarm.upstream.dialer import DIAL_TIMEOUT, connect_to
+
+        record = address_record(snapshot)
+        if record is not None:
+            await asyncio.wait_for(self.address_records.publish(view.dht, record), self.dht_timeout)
+        found = await asyncio.wait_for(self.address_records.fetch(view.dht), self.dht_timeout)
+        addresses, rejected = parse_address_records(found)
+        self.rejected_total += rejected
+        now = time.monotonic()
+        known = [peer["peer_id"] for peer in self.peers if not peer["self"]]
+        due = [peer for peer in known
+               if peer in addresses and now - self._dialed.get(peer, -REDIAL_SECONDS) >= REDIAL_SECONDS]
+        targets = {peer: addresses[peer] for peer in due[:MAX_DIALS]}
+        if not targets:
+            return
+        dialing = view.dht.run_coroutine(partial(connect_to, targets=targets), return_future=True)
+        results = await asyncio.wait_for(dialing, DIAL_TIMEOUT + self.dht_timeout)
+        for peer, result in results.items():
+            if result == "already":
+                continue
+            self._dialed[peer] = now
+            level = logging.INFO if result == "connected" else logging.DEBUG
+            logger.log(level, "Dialed peer %s at its recorded address (%s): %s", peer, ", ".join(targets[peer]), result)
 
     def _leave_out_incompatible(self, peers, ours) -> tuple[list, list]:
         """Peers whose record disagrees with this peer's compatibility (a different model, target batch, strategy)

@@ -195,3 +195,20 @@ def test_a_late_home_peer_takes_the_state_of_a_home_peer_through_an_auxiliary_co
     assert downloads and any(f"of {donor} through {public.status()['peer_id']}" in downloads[0] for donor in donors), \
         downloads
     public.wait_status(lambda s: s["state_forwarded_bytes_total"] > 0, timeout=10, what="the forwarded bytes counted")
+
+
+@pytest.mark.parametrize("lab", [{"public": 2, "homes": 1}], indirect=True)
+def test_a_home_peer_reaches_every_public_peer_not_only_its_initial_one(lab, lab_peers, tmp_path):
+    """p2pd did not find the second public peer for the home peer (`routing: not found`), whose parts for it were
+    lost: its rounds returned about half of the average. The reachable peers' address records
+    (swarm/address_records.py) let it dial them: its rounds of three succeed."""
+    public = lab_peers(lab.public_namespace(0), "public0")
+    joining = public.joining_args(timeout=60)
+    second = lab_peers(lab.public_namespace(1), "public1", extra_args=joining)
+    home = lab_peers(lab.home_namespace(0), "home0", extra_args=joining)
+    for peer in (public, second, home):
+        peer.wait_status(lambda s: s["state"] == "training", timeout=60, what="training")
+    (tmp_path / "start").touch()
+    home.wait_status(lambda s: 3 in groups(s), timeout=90, what="a whole gradient round with both public peers")
+    assert_joined_as_a_client(home)
+    assert f"Dialed peer {second.status()['peer_id']}" in home.log

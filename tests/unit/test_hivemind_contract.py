@@ -81,7 +81,7 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "_averaging_alpha", "attribute", ()),  # robust_aggregation
     (DecentralizedAverager, "_shutdown", "method", ("timeout",)),  # averager_shutdown
     (DecentralizedAverager, "_p2p", "attribute", ()),  # averager_shutdown, state_stream
-    (P2P, "_client", "attribute", ()),  # benchmark: home_relay (p2pd's connect to a /p2p-circuit address)
+    (P2P, "_client", "attribute", ()),  # dialer (p2pd's connect); benchmark: home_relay (to a /p2p-circuit address)
     (DecentralizedAverager, "_declare_for_download_periodically", "method", ()),  # averager_pace (a copy of the loop)
     (DecentralizedAverager, "_state_updated", "attribute", ()),  # averager_pace
     (DecentralizedAverager, "_matchmaking", "attribute", ()),  # averager_pace (a property there), state_stream

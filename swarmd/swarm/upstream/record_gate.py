@@ -3,14 +3,15 @@
 hivemind's DHT runs every validator on each record a node is asked to store and on each record it receives in an
 answer; a record that fails is neither stored nor returned. This one judges the run's keys where a peer speaks for
 itself, by the subkey that names the writer:
-- `{run_id}_progress` and swarmd's peer records: the subkey is a signed `[owner:<public key>]` marker; the
-  signature validator has proved the writer holds that key, and since every swarmd peer signs with its identity key
-  (swarm/upstream/identity.py), the key gives the peer id. An outsider's progress is not counted, its record not shown;
+- `{run_id}_progress` and swarmd's peer, round and address records: the subkey is a signed `[owner:<public key>]`
+  marker; the signature validator has proved the writer holds that key, and since every swarmd peer signs with its
+  identity key (swarm/upstream/identity.py), the key gives the peer id. An outsider's progress is not counted, its
+  record not shown, its addresses not dialed;
 - each averager's matchmaking keys `{prefix}.0b{group bits}` (who may lead a group; DiLoCo's outer rounds carry the
   outer step in 8 group bits, the others none), `{prefix}.all_averagers` and `{prefix}.client_donors` (who may be
-  asked for the state, directly or through a forwarder: swarm/upstream/state_forward.py): the
-  subkey is the averager's peer id, so this peer never asks an outsider to lead it or to send it the state. Every
-  averager's keys come from swarm/averager_keys.py.
+  asked for the state, directly or through a forwarder: swarm/upstream/state_forward.py): the subkey is the
+  averager's peer id, so this peer never asks an outsider to lead it or to send it the state. Every averager's keys
+  come from swarm/averager_keys.py.
 Other keys pass untouched. The validator sees keys only as their hashes (DHTID), so it hashes the names it guards.
 """
 
@@ -27,13 +28,14 @@ from swarmd.swarm.averager_keys import ALL_SUFFIXES, peer_keyed_names
 from swarmd.swarm.upstream.identity import peer_id_of_owner
 from swarmd.swarm.peer_records import RECORD_FIELD
 from swarmd.swarm.round_records import ROUNDS_FIELD
+from swarmd.swarm.address_records import ADDRESSES_FIELD
 
 __all__ = ["AllowListValidator", "guarded_keys"]
 
 
 def guarded_keys(run_id: str) -> tuple[dict[bytes, str], dict[bytes, str]]:
     """(keys whose subkeys are owner markers, keys whose subkeys are peer ids), as hashed key -> name."""
-    owners = [f"{run_id}_progress", f"{run_id}_{RECORD_FIELD}", f"{run_id}_{ROUNDS_FIELD}"]
+    owners = [f"{run_id}_{name}" for name in ("progress", RECORD_FIELD, ROUNDS_FIELD, ADDRESSES_FIELD)]
     peers = [name for suffix in ALL_SUFFIXES for name in peer_keyed_names(run_id, suffix)]
     hashed = lambda names: {DHTID.generate(source=name).to_bytes(): name for name in names}  # noqa: E731
     return hashed(owners), hashed(peers)
