@@ -22,11 +22,11 @@ import ipaddress
 from typing import Any, Dict, Optional
 
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.schema import BytesWithPublicKey
 from hivemind.utils import get_dht_time
 from pydantic.v1 import BaseModel, Extra, confloat, conlist, constr
 
-from swarmd.swarm.peer_records import PEER_ID_PATTERN, owned_entries
+from swarmd.swarm.peer_records import PEER_ID_PATTERN, OwnedRecords, owned_entries
 
 __all__ = [
     "ADDRESSES_FIELD", "AddressRecord", "AddressRecords", "MAX_ADDRESSES", "address_record", "dialable_addresses",
@@ -53,21 +53,11 @@ class AddressRecordsSchema(BaseModel):
     swarmd_addrs_v1: Dict[BytesWithPublicKey, Optional[AddressRecord]]  # its name is the key: ADDRESSES_FIELD
 
 
-class AddressRecords:
+class AddressRecords(OwnedRecords):
     """A run's address records: the key, the validators, publishing and reading (as swarm/peer_records.py)."""
 
     def __init__(self, run_id: str, *, expiration: float = 30.0):
-        self.key = f"{run_id}_{ADDRESSES_FIELD}"
-        self.expiration = expiration
-        self.signature = RSASignatureValidator()  # hivemind's process-wide key, as the peer records'
-        self.validators = [SchemaValidator(AddressRecordsSchema, prefix=run_id), self.signature]
-
-    def publish(self, dht, record: Optional[dict[str, Any]]):
-        return dht.store(key=self.key, subkey=self.signature.local_public_key, value=record,
-                         expiration_time=get_dht_time() + self.expiration, return_future=True)
-
-    def fetch(self, dht):
-        return dht.get(self.key, latest=True, return_future=True)
+        super().__init__(run_id, ADDRESSES_FIELD, AddressRecordsSchema, expiration=expiration)
 
 
 def dialable_addresses(maddrs) -> list[str]:

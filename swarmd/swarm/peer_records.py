@@ -95,16 +95,18 @@ class PeerRecordsSchema(BaseModel):
     swarmd_peers_v4: Dict[BytesWithPublicKey, Optional[PeerRecord]]  # None: the peer said goodbye
 
 
-class PeerRecords:
-    """This process's view of a run's records: the key, the validators, publishing and reading."""
+class OwnedRecords:
+    """A run's dictionary key of signed records, one per peer under its owner marker: the key, the validators,
+    publishing and reading. The peer records here, the round and address records (swarm/round_records.py,
+    swarm/address_records.py) beside them."""
 
-    def __init__(self, run_id: str, *, expiration: float = 30.0):
+    def __init__(self, run_id: str, field: str, schema, *, expiration: float = 30.0):
         self.run_id = run_id
-        self.key = f"{run_id}_{RECORD_FIELD}"
+        self.key = f"{run_id}_{field}"
         self.expiration = expiration
         # hivemind's process-wide key: the same one the progress tracker signs with (see the module docstring)
         self.signature = RSASignatureValidator()
-        self.validators = [SchemaValidator(PeerRecordsSchema, prefix=run_id), self.signature]
+        self.validators = [SchemaValidator(schema, prefix=run_id), self.signature]
 
     @property
     def owner(self) -> bytes:
@@ -124,6 +126,13 @@ class PeerRecords:
     def fetch(self, dht):
         """An MPFuture of the raw DHT value (None, or a ValueWithExpiration of {subkey: ValueWithExpiration})."""
         return dht.get(self.key, latest=True, return_future=True)
+
+
+class PeerRecords(OwnedRecords):
+    """This process's view of a run's records: the key, the validators, publishing and reading."""
+
+    def __init__(self, run_id: str, *, expiration: float = 30.0):
+        super().__init__(run_id, RECORD_FIELD, PeerRecordsSchema, expiration=expiration)
 
     def parse(self, found, now: Optional[float] = None) -> tuple[list[dict[str, Any]], int]:
         return parse_records(found, own_subkey=self.owner, now=now)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.schema import BytesWithPublicKey
 from hivemind.utils import get_dht_time
 from pydantic.v1 import BaseModel, Extra, Field, confloat, conint, conlist, constr
 
 from swarmd.swarm.averaging_log import MAX_GROUP_PEERS
 from swarmd.swarm.outcomes import KINDS, OUTCOMES
-from swarmd.swarm.peer_records import PEER_ID_PATTERN, owned_entries
+from swarmd.swarm.peer_records import PEER_ID_PATTERN, OwnedRecords, owned_entries
 
 __all__ = [
     "ROUNDS_FIELD", "ROUNDS", "PublishedRound", "RoundsRecord", "RoundRecordsSchema", "RoundRecords",
@@ -68,21 +67,11 @@ class RoundRecordsSchema(BaseModel):
     swarmd_rounds_v2: Dict[BytesWithPublicKey, Optional[RoundsRecord]]  # its name is the key: ROUNDS_FIELD
 
 
-class RoundRecords:
+class RoundRecords(OwnedRecords):
     """A run's round records: the key, the validators, publishing and reading (as swarm/peer_records.py)."""
 
     def __init__(self, run_id: str, *, expiration: float = 30.0):
-        self.key = f"{run_id}_{ROUNDS_FIELD}"
-        self.expiration = expiration
-        self.signature = RSASignatureValidator()  # hivemind's process-wide key, as the peer records'
-        self.validators = [SchemaValidator(RoundRecordsSchema, prefix=run_id), self.signature]
-
-    def publish(self, dht, record: Optional[dict[str, Any]]):
-        return dht.store(key=self.key, subkey=self.signature.local_public_key, value=record,
-                         expiration_time=get_dht_time() + self.expiration, return_future=True)
-
-    def fetch(self, dht):
-        return dht.get(self.key, latest=True, return_future=True)
+        super().__init__(run_id, ROUNDS_FIELD, RoundRecordsSchema, expiration=expiration)
 
 
 def rounds_record_from_snapshot(snapshot, now: Optional[float] = None) -> Optional[dict[str, Any]]:
