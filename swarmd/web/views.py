@@ -333,8 +333,14 @@ class RoundTimelineView:
     unpublished: tuple  # names of group members that published no record of it (yet)
 
 
+def _published_by_its_group(entries: list) -> bool:
+    """Two or more peers published this round, and every member of its group (as they name them) did."""
+    members = {peer for _, item in entries for peer in item.get("peers") or () if isinstance(peer, str)}
+    return len(entries) >= 2 and members <= {peer_id for peer_id, _ in entries}
+
+
 def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
-    """The newest round that most peers published (kind and epoch alike), as lanes per peer on one time axis; None
+    """The newest round its whole group published (kind and epoch alike), as lanes per peer on one time axis; None
     before any peer published one. Values are strangers' words, already bounded by the records' schema."""
     names = {p.get("peer_id"): str(p.get("public_name") or short_id(p.get("peer_id")))
              for p in s.get("peers") or () if isinstance(p, Mapping)}
@@ -347,10 +353,10 @@ def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
                 rounds.setdefault((item.get("kind"), item.get("epoch")), []).append((record.get("peer_id"), item))
     if not rounds:
         return None
-    # the newest round that two or more peers published (a newer one only one peer has published so far would
-    # show a single lane: the others publish every few seconds); the newest of all when there is no such round
+    # the newest round that every peer of its group published; else the newest that two or more did (peers publish
+    # every few seconds, so the newest rounds miss lanes: the page names who has not published); else the newest
     (kind, epoch), entries = max(rounds.items(), key=lambda kv: (
-        len(kv[1]) >= 2, max(_number(item["ended_at"]) for _, item in kv[1])))
+        _published_by_its_group(kv[1]), len(kv[1]) >= 2, max(_number(item["ended_at"]) for _, item in kv[1])))
     starts = [_number(item.get(mark)) for _, item in entries for mark in ("asked_at", "grouped_at", "ended_at")]
     begin = min(t for t in starts if t is not None)
     end = max(_number(item["ended_at"]) for _, item in entries)

@@ -30,6 +30,18 @@ def config(name: str) -> dict:
                        checkpoint={"enabled": False}, daemon={"public_name": name})
 
 
+def drawn_group_size(dom: str, status: dict) -> int:
+    """The group size that the peers who published the round the page drew (its aria-label names the kind and
+    epoch) say it had; 0 when they disagree or none is found."""
+    found = re.search(r'aria-label="(\w+) round of epoch (\d+)"', dom)
+    if not found:
+        return 0
+    kind, epoch = found.group(1), int(found.group(2))
+    sizes = {item["group_size"] for record in status.get("swarm_rounds") or () for item in record["rounds"]
+             if item["kind"] == kind and item["epoch"] == epoch}
+    return sizes.pop() if len(sizes) == 1 else 0
+
+
 def api_status(address: str) -> dict:
     with urllib.request.urlopen(f"http://{address}/api/status", timeout=10) as response:
         return json.loads(response.read())
@@ -75,7 +87,9 @@ def test_a_browser_shows_the_monitors_page_of_a_real_swarm(daemons, test_tasks_e
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and all(s.get("src") for s in page.scripts)
         assert float(page.items["throughput"].split()[0]) > 0
         assert all(float(row[4]) > 0 for row in page.tables["peers"])
-        assert lanes == 3, dom  # the round's lanes, one per peer
+        # the round's lanes, one per peer of its group: three, or two when the newest round was one of two (a peer
+        # late for its group under CI's load: six loads in a row met such rounds once)
+        assert lanes == 3 or lanes == drawn_group_size(dom, api_status(address)) == 2, dom
 
         without = Page(dom_without_javascript(tmp_path / "profile", url))
         assert without.html_class == "" and len(without.tables["peers"]) == 3

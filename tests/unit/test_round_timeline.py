@@ -98,6 +98,19 @@ def test_the_newest_round_two_peers_published_is_drawn_as_lanes_on_one_axis():
     assert view.unpublished == ("beta",)  # in the group, no record of this round
 
 
+def test_an_older_round_its_whole_group_published_is_drawn_before_a_newer_one_missing_a_lane():
+    t = time.time() - 60
+    snapshot = three_peer_snapshot(t + 60).to_dict()
+    alpha, hostile, beta = _swarm_rounds(t)
+    beta = {**beta, "rounds": [_published(BETA, t - 10, t - 9, t - 8.5, t - 8, epoch=10)]}
+    complete = [{**record, "rounds": [*record["rounds"], _published(record["peer_id"], t - 10, t - 9, t - 8.5,
+                                                                       t - 8, epoch=10)]}
+                for record in (alpha, hostile)]
+    snapshot["swarm_rounds"] = (*complete, beta)
+    view = round_timeline(snapshot)
+    assert view.title == "gradients round of epoch 10" and len(view.lanes) == 3 and view.unpublished == ()
+
+
 def test_both_pages_draw_the_lanes_and_a_hostile_name_in_them_stays_text():
     t = time.time() - 60
     snapshot = three_peer_snapshot(t + 60).to_dict()
