@@ -19,6 +19,7 @@ peers per announce and each peer at most once per REDIAL_SECONDS.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, Dict, Optional
 
 from hivemind.dht.crypto import RSASignatureValidator
@@ -27,6 +28,7 @@ from hivemind.utils import get_dht_time
 from pydantic.v1 import BaseModel, Extra, confloat, conlist, constr
 
 from swarmd.swarm.peer_records import PEER_ID_PATTERN, OwnedRecords, owned_entries
+from swarmd.swarm.reachability import tcp_endpoint
 
 __all__ = [
     "ADDRESSES_FIELD", "AddressRecord", "AddressRecords", "MAX_ADDRESSES", "address_record", "dialable_addresses",
@@ -65,13 +67,11 @@ def dialable_addresses(maddrs) -> list[str]:
     part, no loopback or unspecified host, no relay circuit; at most MAX_ADDRESSES, in order, without repeats."""
     found = []
     for maddr in map(str, maddrs):
-        if "/p2p-circuit" in maddr:
-            continue
         address = maddr.split("/p2p/")[0]
-        parts = address.split("/")
-        if len(parts) != 5 or parts[3] != "tcp" or _local(parts[1], parts[2]):
+        endpoint = tcp_endpoint(address)
+        if endpoint is None or _local(address.split("/")[1], endpoint[0]):
             continue
-        if address not in found and AddressRecord.__fields__["maddrs"].type_.regex.match(address):
+        if address not in found and re.match(ADDRESS_PATTERN, address):
             found.append(address)
     return found[:MAX_ADDRESSES]
 
