@@ -50,9 +50,12 @@ def offered_states(optimizer, timeout: float = 10.0) -> dict[str, float]:
 
     averager = optimizer.state_averager
     offers = {}
-    for key in ("all_averagers", CLIENT_DONORS):
+    # both asked at once: each is a DHT lookup of its own, and start-up waits on them (issue 37)
+    asked = {key: optimizer.dht.get(f"{averager.prefix}.{key}", latest=True, return_future=True)
+             for key in ("all_averagers", CLIENT_DONORS)}
+    for key, future in asked.items():
         try:
-            found = optimizer.dht.get(f"{averager.prefix}.{key}", latest=True, return_future=True).result(timeout)
+            found = future.result(timeout)
         except Exception as e:  # noqa: BLE001 - a slow DHT costs the start-up download, not the start
             logger.warning("Could not read which peers offer their state (%r): not downloading it", e)
             return {}
