@@ -14,8 +14,9 @@ from hivemind.utils import MSGPackSerializer
 
 from fake_streams import RecordingWriter
 from swarmd.swarm.upstream.state_stream import (
-    LENGTH_BYTES, DownloadsState, ProtocolUnsupported, Waits, shared_copy, stream_handler_name,
+    LENGTH_BYTES, DownloadsState, ProtocolUnsupported, Waits, parse_part, shared_copy, stream_handler_name,
 )
+from swarmd.swarm.state_parts import Part
 
 PEER = PeerID.from_base58("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
 
@@ -133,6 +134,47 @@ def test_a_broken_peer_fails_the_download_instead_of_passing_for_a_refusal():
     description.dtype = "DataFrame"
     with pytest.raises(ValueError, match="unknown dtype"):
         download("state", head + frame(description.SerializeToString()) + frame(b"\0" * 8))
+
+
+def part_request(kind: str, part: Part, positions) -> bytes:
+    return f"{kind} part {part.words()}\n".encode() + frame(MSGPackSerializer.dumps(positions))
+
+
+def test_a_part_comes_with_the_values_at_the_positions_asked_for_of_the_rest():
+    tensors, infos = state()
+    positions = [[0, [0, 14]], [4, [6]], [5, [1, 2]]]  # tensors outside the part asked for: 0, 4 and a statistic
+    wire = asyncio.run(served_bytes(server(tensors, infos), part_request("state", Part(1, 4), positions)))
+    averager, asked = downloader(wire)
+    metadata, received, samples = asyncio.run(DownloadsState.download_part(
+        averager, PEER, "state", Part(1, 4), positions, Waits(first=5.0, chunk=5.0)))
+    assert bytes(asked.data) == part_request("state", Part(1, 4), positions)
+    assert metadata == {"epoch": 7}
+    assert len(received) == 3 and all(torch.equal(a, b) for a, b in zip(received, tensors[1:4]))
+    expected = [tensors[0].reshape(-1)[0], tensors[0].reshape(-1)[14], tensors[4][6], tensors[5].reshape(-1)[1],
+                tensors[5].reshape(-1)[2]]
+    assert torch.frombuffer(bytearray(samples), dtype=torch.float64).tolist() == [float(v.detach()) for v in expected]
+    end = asyncio.run(served_bytes(server(tensors, infos), part_request("parameters", Part(3, None), [])))
+    _, received, samples = asyncio.run(DownloadsState.download_part(
+        downloader(end)[0], PEER, "parameters", Part(3, None), [], Waits(first=5.0, chunk=5.0)))
+    assert samples == b"" and len(received) == 2  # tensors 3 and 4: the parameters end there
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"state part 2\n", b"state part 3 1\n", b"state piece 0 end\n", b"state part -1 end\n",
+    part_request("state", Part(9, None), []),  # past the state's end
+    part_request("state", Part(0, 2), [[0, [15]]]),  # position 15 of a 5x3 tensor
+    part_request("state", Part(0, 2), [[7, [0]]]),  # no tensor 7
+    part_request("state", Part(0, 2), {"0": 1}),
+    part_request("state", Part(0, 2), [[0, list(range(15))]] * 5000),  # over MAX_POSITIONS
+])
+def test_a_part_request_that_does_not_fit_is_refused_with_nothing_sent(request_bytes):
+    tensors, infos = state()
+    assert asyncio.run(served_bytes(server(tensors, infos), request_bytes)) == b""
+
+
+def test_part_words_read_back_as_the_part():
+    assert parse_part([]) is None and parse_part(["part", "2", "end"]) == Part(2, None)
+    assert parse_part(["part", "0", "5"]) == Part(0, 5) and parse_part(["part", "5", "5"]) is False
 
 
 def test_a_peer_without_the_stream_is_told_apart_from_a_peer_that_cannot_be_reached():

@@ -123,6 +123,11 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         metadata, statistics = optimizer_layout(self.optimizer)
         return StateLayout(shapes + statistics, metadata, more_allowed=self.appends_to_state)
 
+    def compared_tensors(self, kind: str) -> int:
+        """The parameters and extras, which donors of one epoch share (swarm/state_parts.py); not the optimizer's
+        statistics, which peers under local updates keep apart."""
+        return len(self.state_layout("parameters").shapes)
+
     def get_current_state(self):
         """Upstream's state for a peer that downloads it, as copies. Upstream hands out the live host tensors (`.cpu()`
         of a CPU tensor is itself), and its host thread sends them to the averager process through a pipe, whose

@@ -34,9 +34,10 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm.averager_keys import CLIENT_DONORS
+from swarmd.swarm.upstream.split_download import SplitsDownloads
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 from swarmd.swarm.upstream.state_stream import (
-    KINDS, WRITE_BYTES, DownloadsState, Route, Waits, chunk_timeout, donor_order, read_state, state_offers,
+    KINDS, WRITE_BYTES, Route, Waits, chunk_timeout, donor_order, read_state, state_offers,
     stream_handler_name,
 )
 
@@ -68,10 +69,10 @@ def parse_forward_request(line: bytes) -> Optional[tuple[str, PeerID]]:
         return None
 
 
-class ForwardsState(DownloadsState):
-    """DownloadsState with the forward: a reachable averager forwards downloads to clients, a client's averager
+class ForwardsState(SplitsDownloads):
+    """SplitsDownloads with the forward: a reachable averager forwards downloads to clients, a client's averager
     (`serves_as_client`) serves and offers its state, and every averager downloads through forwarders when no
-    reachable peer sent its state. Sits before DownloadsState in the MRO."""
+    reachable peer sent its state. Sits before SplitsDownloads in the MRO."""
 
     def __init__(self, *args, serves_as_client: bool = True, **kwargs):
         self.serves_as_client = serves_as_client  # a client that holds a state of its own (not the monitor's keeper)

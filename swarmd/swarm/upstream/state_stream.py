@@ -43,9 +43,10 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.state_layout import StateLayout, layout_mismatch
+from swarmd.swarm.state_parts import Part, positions_problem, sample_values
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
-__all__ = ["DownloadsState", "Route", "Waits", "chunk_timeout", "donor_order", "read_state", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
+__all__ = ["DownloadsState", "Route", "Waits", "chunk_timeout", "donor_order", "parse_part", "read_state", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,26 +117,32 @@ class DownloadsState:
 
     async def _serve_state_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:
-            request = await asyncio.wait_for(reader.readline(), self.request_timeout)
-            kind = request.strip().decode("ascii", "replace")
-            if kind not in KINDS or not self._shares_state():
+            words = (await asyncio.wait_for(reader.readline(), self.request_timeout)).decode("ascii", "replace").split()
+            kind, part = (words[0], parse_part(words[1:])) if words else ("", None)
+            if kind not in KINDS or part is False or not self._shares_state():
                 return
             if not admits_peer(self._allow_list, stream_info.peer_id, "download_state"):
                 return
+            positions = await _read_positions(reader, self.request_timeout) if part else None
             began = time.perf_counter()
             metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
             prepared = time.perf_counter() - began
             chosen = served_tensors(kind, tensors, infos)
+            head = {"metadata": metadata, "tensors": len(chosen)}
+            if part is not None:
+                chosen = _chosen_part(chosen, part, positions, head)
+                if chosen is None:
+                    return
             # a downloader that takes nothing for a chunk's time is let go (with the copies of the state it pins)
             patience = chunk_timeout(self)
-            head = MSGPackSerializer.dumps({"metadata": metadata, "tensors": len(chosen)})
-            await _write_frame(writer, head, patience)
+            await _write_frame(writer, MSGPackSerializer.dumps(head), patience)
             for tensor, info in chosen:
                 description, payload = _encode(tensor, info, self.state_compression)
                 await _write_frame(writer, description.SerializeToString(), patience)
                 await _write_frame(writer, payload, patience)
-            logger.info("Sent the %s to %s: %d tensors in %.2f s (the host's copy of it took %.2f s)",
-                        kind, stream_info.peer_id, len(chosen), time.perf_counter() - began, prepared)
+            logger.info("Sent the %s%s to %s: %d tensors in %.2f s (the host's copy of it took %.2f s)",
+                        kind, f" (tensors {part.words()})" if part else "", stream_info.peer_id, len(chosen),
+                        time.perf_counter() - began, prepared)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
             logger.debug("A state stream to %s ended early: %r", stream_info.peer_id, e)
         except Exception as e:  # noqa: BLE001 - one failed download must not take the averager's process with it
@@ -158,10 +165,17 @@ class DownloadsState:
         to None when none did. `timeout`: the download's (the host waits as long), which bounds the wait for a
         peer's first bytes."""
         chunk = chunk_timeout(self)
+        waits = functools.partial(Waits, first=max(chunk, timeout or 0.0), chunk=chunk)
         try:
-            for routes in (self._direct_routes, self._routes_through_forwarders):
+            offers = await self._state_offers()
+            loaded = await self._download_in_parts(kind, offers, waits)
+            if loaded is not None:
+                future.set_result(loaded)
+                return
+            direct = functools.partial(self._direct_routes, offers)
+            for routes in (direct, self._routes_through_forwarders):
                 for route in await routes(kind):
-                    loaded = await self._try_route(route, kind, Waits(first=max(chunk, timeout or 0.0), chunk=chunk))
+                    loaded = await self._try_route(route, kind, waits())
                     if loaded is not None:
                         future.set_result(loaded)
                         return
@@ -171,9 +185,13 @@ class DownloadsState:
             if not future.done():
                 future.set_result(None)
 
-    async def _direct_routes(self, kind: str) -> list[Route]:
+    async def _download_in_parts(self, kind: str, offers: dict[PeerID, float], waits) -> Optional[tuple]:
+        """The state in parts from several donors (split_download.py), or None: ask one donor at a time."""
+        return None
+
+    async def _direct_routes(self, offers: dict[PeerID, float], kind: str) -> list[Route]:
         return [Route(peer, str(peer), functools.partial(self._download_from, peer, kind))
-                for peer in await self._peers_sharing_state()]
+                for peer in donor_order(offers, self._exclusions)]
 
     async def _routes_through_forwarders(self, kind: str) -> list[Route]:
         """Clients' states through the peers that forward them (state_forward.py); none here."""
@@ -222,29 +240,38 @@ class DownloadsState:
         layout = self.state_layout(kind)
         return layout_mismatch(layout, *loaded) if layout is not None else ""
 
-    async def _peers_sharing_state(self) -> list[PeerID]:
+    async def _state_offers(self) -> dict[PeerID, float]:
+        """The peers that offer their state (`<prefix>.all_averagers`) and their priorities (epochs)."""
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
         found = await self.dht.get(key, latest=True, return_future=True)
-        offers = state_offers(found, self.peer_id, self._allow_list, self._exclusions)
-        return donor_order(offers, self._exclusions)
+        return state_offers(found, self.peer_id, self._allow_list, self._exclusions)
 
     async def _download_stream(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` by the stream, None when it refused; ProtocolUnsupported when it does not
         serve the stream."""
-        try:
-            _, reader, writer = await asyncio.wait_for(
-                self._p2p.call_binary_stream_handler(peer, stream_handler_name(self.prefix)), waits.chunk
-            )
-        except ControlFailure as e:
-            if "protocol" in str(e).lower():  # p2pd's words when the peer does not serve the handler
-                raise ProtocolUnsupported(str(e)) from e
-            raise
+        reader, writer = await _open_stream(self._p2p, peer, self.prefix, waits)
         try:
             writer.write(kind.encode() + b"\n")
             await writer.drain()
             return await read_state(reader, waits, self.serializer)
         finally:
             writer.close()
+
+    async def download_part(self, peer: PeerID, kind: str, part: Part, positions: list, waits: Waits):
+        """(metadata, the part's tensors, the values `peer` reports at `positions`) by the stream, None when it
+        refused (an older swarmd refuses a part); ProtocolUnsupported when it does not serve the stream."""
+        reader, writer = await _open_stream(self._p2p, peer, self.prefix, waits)
+        try:
+            writer.write(f"{kind} part {part.words()}\n".encode())
+            await _write_frame(writer, MSGPackSerializer.dumps(positions), waits.chunk)
+            frames = await _read_frames(reader, waits)
+            if frames is None:
+                return None
+            head, tensors = frames
+            return self.serializer.loads(head["metadata"]), tensors, bytes(head.get("samples", b""))
+        finally:
+            writer.close()
+
 
     async def _download_rpc(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` through hivemind's RPC (its protobuf parts), None when it sent none."""
@@ -269,20 +296,68 @@ class DownloadsState:
         return (metadata, tensors) if metadata else None
 
 
+async def _open_stream(p2p, peer: PeerID, prefix: str, waits: Waits):
+    try:
+        _, reader, writer = await asyncio.wait_for(
+            p2p.call_binary_stream_handler(peer, stream_handler_name(prefix)), waits.chunk)
+    except ControlFailure as e:
+        if "protocol" in str(e).lower():  # p2pd's words when the peer does not serve the handler
+            raise ProtocolUnsupported(str(e)) from e
+        raise
+    return reader, writer
+
+
 async def read_state(reader: asyncio.StreamReader, waits: Waits, serializer):
     """(metadata, tensors) as a state stream sends them, None when it closed without a frame (refused)."""
+    frames = await _read_frames(reader, waits)
+    return None if frames is None else (serializer.loads(frames[0]["metadata"]), frames[1])
+
+
+async def _read_frames(reader: asyncio.StreamReader, waits: Waits) -> Optional[tuple[dict, list]]:
+    """(the head, the tensors) of a state stream, None when it closed without a frame (refused)."""
     try:
         head = MSGPackSerializer.loads(await _read_frame(reader, waits.first, MAX_FRAME_HEADER))
     except asyncio.IncompleteReadError as e:
         if not e.partial:
             return None
         raise
+    if not isinstance(head, dict) or not isinstance(head.get("tensors"), int):
+        raise ValueError("a state stream's head that is not {metadata, tensors}")
     waits.arrived()
     tensors = []
-    for _ in range(int(head["tensors"])):
+    for _ in range(head["tensors"]):
         description = runtime_pb2.Tensor.FromString(await _read_frame(reader, waits.chunk, MAX_FRAME_HEADER))
         tensors.append(await _read_tensor(reader, description, waits.chunk))
-    return serializer.loads(head["metadata"]), tensors
+    return head, tensors
+
+
+def parse_part(words: list[str]):
+    """The part a request asks for, after its kind: none (the whole state), `part <first> <stop or end>` (a Part),
+    or False: a request this version does not know (refused)."""
+    if not words:
+        return None
+    if len(words) != 3 or words[0] != "part" or not words[1].isdigit() or not (words[2].isdigit() or words[2] == "end"):
+        return False
+    first, stop = int(words[1]), None if words[2] == "end" else int(words[2])
+    return Part(first, stop) if stop is None or stop > first else False
+
+
+async def _read_positions(reader: asyncio.StreamReader, timeout: float):
+    return MSGPackSerializer.loads(await _read_frame(reader, timeout, MAX_FRAME_HEADER))
+
+
+def _chosen_part(chosen: list, part: Part, positions, head: dict) -> Optional[list]:
+    """The tensors of `part` of the state a request `chosen`, the values at `positions` in `head`; None (refused, and
+    why in the log) when the request does not fit the state."""
+    tensors = [tensor for tensor, _ in chosen]
+    problem = positions_problem(positions, tensors)
+    if problem or part.first >= len(tensors) or (part.stop is not None and part.stop > len(tensors)):
+        logger.debug("Refused a request for tensors %s: %s", part.words(), problem or "not in this state")
+        return None
+    head["samples"] = sample_values(positions, tensors)
+    chosen = chosen[part.first:part.stop]
+    head["tensors"] = len(chosen)
+    return chosen
 
 
 def unusable_state(loaded) -> str:

@@ -1,0 +1,103 @@
+"""A download split across donors (swarm/upstream/split_download.py), with donors that answer from memory: the parts
+make the donors' exact state, a liar among three is outvoted and its part asked of an honest donor, two that disagree
+or a failed one of two leave the download to one donor at a time, a state is never made of two epochs, and suspects
+are never asked for a part."""
+
+import asyncio
+import functools
+import types
+
+import torch
+from hivemind.p2p import PeerID
+
+from swarmd.swarm.state_layout import StateLayout
+from swarmd.swarm.state_parts import sample_values
+from swarmd.swarm.upstream.split_download import SplitsDownloads, split_donors
+from swarmd.swarm.upstream.state_stream import Waits
+
+A, B, C, D = (PeerID(name.encode() * 4) for name in "abcd")
+
+
+def honest_state():
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randn(40, 20, generator=generator), torch.randn(20, generator=generator),
+            torch.randn(20, 20, generator=generator), torch.rand(40, 20, generator=generator)]
+
+
+class Joiner(SplitsDownloads):
+    """Only what the split touches; the donors' states are in `states` (a list of tensors, or an exception)."""
+
+    def __init__(self, states: dict):
+        self.states, self.asked = states, []
+        self.download_by_stream, self._exclusions = True, None
+
+    def state_layout(self, kind):
+        return StateLayout(tuple(tuple(t.shape) for t in honest_state()))
+
+    def compared_tensors(self, kind):
+        return 3  # the last tensor is a statistic
+
+    async def download_part(self, peer, kind, part, positions, waits):
+        self.asked.append((peer, part))
+        state = self.states[peer]
+        if isinstance(state, Exception):
+            raise state
+        return {"epoch": 4, "donor": str(peer)}, [t.clone() for t in state[part.first:part.stop]], \
+            sample_values(positions, state)
+
+
+def split(states: dict, offers=None):
+    joiner = Joiner(states)
+    offers = offers or {peer: 4.0 for peer in states}
+    waits = functools.partial(Waits, first=5.0, chunk=5.0)
+    return asyncio.run(joiner._download_in_parts("state", offers, waits)), joiner
+
+
+def exact(loaded) -> bool:
+    return loaded is not None and all(torch.equal(a, b) for a, b in zip(loaded[1], honest_state())) \
+        and len(loaded[1]) == len(honest_state())
+
+
+def test_three_honest_donors_send_a_part_each_that_make_their_exact_state():
+    loaded, joiner = split({A: honest_state(), B: honest_state(), C: honest_state()})
+    assert exact(loaded)
+    assert sorted(str(peer) for peer, _ in joiner.asked) == sorted(map(str, (A, B, C)))  # one part each
+    assert loaded[0]["donor"] == str([peer for peer, part in joiner.asked if part.stop is None][0])
+
+
+def test_a_liar_among_three_is_outvoted_and_its_part_taken_from_an_honest_donor():
+    for lie in (lambda t: -t, lambda t: t * 1e6, torch.zeros_like):
+        liar = [lie(t) for t in honest_state()]
+        loaded, joiner = split({A: honest_state(), B: liar, C: honest_state()})
+        assert exact(loaded)
+        liar_part = [part for peer, part in joiner.asked if peer == B][0]
+        assert [peer for peer, part in joiner.asked if part == liar_part][-1] in (A, C)  # asked again, of A or C
+
+
+def test_two_donors_that_disagree_or_one_that_fails_leave_it_to_one_donor_at_a_time():
+    liar = [-t for t in honest_state()]
+    assert split({A: honest_state(), B: liar})[0] is None
+    assert split({A: honest_state(), B: ConnectionResetError("gone")})[0] is None
+
+
+def test_a_donor_that_fails_among_three_costs_its_part_only():
+    loaded, joiner = split({A: honest_state(), B: ConnectionResetError("killed"), C: honest_state()})
+    assert exact(loaded)
+
+
+def test_a_liar_that_claims_a_newer_epoch_is_still_compared_and_outvoted():
+    liar = [-t for t in honest_state()]
+    loaded, joiner = split({A: honest_state(), B: liar, C: honest_state()}, offers={A: 4.0, B: 9.0, C: 4.0})
+    assert exact(loaded)
+
+
+def test_the_parts_taken_all_come_from_the_newest_epoch_that_agrees():
+    loaded, joiner = split({A: honest_state(), B: honest_state()}, offers={A: 4.0, B: 3.0})
+    assert exact(loaded) and [peer for peer, _ in joiner.asked][-1] == A  # B's part asked again of A
+    assert sum(peer == A for peer, _ in joiner.asked) == 2
+
+
+def test_suspects_never_share_a_download_and_at_most_three_do():
+    suspects = types.SimpleNamespace(suspected=lambda peer: peer == str(C))
+    assert set(split_donors({A: 4.0, B: 4.0, C: 4.0, D: 4.0}, suspects)) == {A, B, D}
+    assert split_donors({A: 4.0, B: 5.0, C: 2.0, D: 4.0}) in ([B, A, D], [B, D, A])  # the newest three
