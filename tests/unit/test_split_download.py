@@ -5,6 +5,7 @@ are never asked for a part."""
 
 import asyncio
 import functools
+import time
 import types
 
 import torch
@@ -85,9 +86,9 @@ def test_a_donor_that_fails_among_three_costs_its_part_only():
     assert exact(loaded)
 
 
-def test_a_liar_that_claims_a_newer_epoch_is_still_compared_and_outvoted():
+def test_a_lone_liar_of_a_newer_epoch_is_compared_with_the_epoch_before_and_outvoted():
     liar = [-t for t in honest_state()]
-    loaded, joiner = split({A: honest_state(), B: liar, C: honest_state()}, offers={A: 4.0, B: 9.0, C: 4.0})
+    loaded, joiner = split({A: honest_state(), B: liar, C: honest_state()}, offers={A: 4.0, B: 5.0, C: 4.0})
     assert exact(loaded)
 
 
@@ -97,7 +98,36 @@ def test_the_parts_taken_all_come_from_the_newest_epoch_that_agrees():
     assert sum(peer == A for peer, _ in joiner.asked) == 2
 
 
-def test_suspects_never_share_a_download_and_at_most_three_do():
+def test_donors_are_of_the_newest_epoch_or_the_one_before_and_never_suspects():
     suspects = types.SimpleNamespace(suspected=lambda peer: peer == str(C))
     assert set(split_donors({A: 4.0, B: 4.0, C: 4.0, D: 4.0}, suspects)) == {A, B, D}
-    assert split_donors({A: 4.0, B: 5.0, C: 2.0, D: 4.0}) in ([B, A, D], [B, D, A])  # the newest three
+    assert len(split_donors({A: 4.0, B: 4.0, C: 4.0, D: 4.0})) == 3
+    assert set(split_donors({A: 4.0, B: 5.0, C: 2.0, D: 4.0})) == {A, B, D}  # a lone newest and the epoch before
+    # the swarm's one peer at epoch 18 and two that just started: never outvoted by them, nothing to split
+    assert split_donors({A: 18.0, B: 0.0, C: 0.0}) == []
+    assert set(split_donors({A: 18.0, B: 18.0, C: 0.0})) == {A, B}
+    assert split_donors({A: 9999.0, B: 17.0, C: 17.0}) == []  # a liar far ahead: asked alone, first (not caught)
+
+
+class SlowJoiner(Joiner):
+    """Donor `slow` takes `seconds` to send its part."""
+
+    slow, seconds = None, 0.0
+
+    async def download_part(self, peer, kind, part, positions, waits):
+        if peer == self.slow and not any(asked == peer for asked, _ in self.asked):
+            self.asked.append((peer, part))
+            await asyncio.sleep(self.seconds)
+            raise AssertionError("the slow donor's part was waited for")
+        return await super().download_part(peer, kind, part, positions, waits)
+
+
+def test_a_slow_donor_among_three_is_given_up_and_its_part_asked_of_another():
+    joiner = SlowJoiner({A: honest_state(), B: honest_state(), C: honest_state()})
+    joiner.slow, joiner.seconds = B, 60.0
+    began = time.monotonic()
+    loaded = asyncio.run(joiner._download_in_parts(
+        "state", {A: 4.0, B: 4.0, C: 4.0}, functools.partial(Waits, first=5.0, chunk=5.0)))
+    assert exact(loaded) and time.monotonic() - began < 10  # the grace (2 s), not the slow donor's 60
+    slow_part = [part for peer, part in joiner.asked if peer == B][0]
+    assert [peer for peer, part in joiner.asked if part == slow_part][-1] in (A, C)

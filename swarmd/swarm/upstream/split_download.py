@@ -1,12 +1,14 @@
 """A state download split across the donors of the newest epoch, each part compared with the others' samples of it
 (issues 37 and 34; the plan, the samples and the vote are swarm/state_parts.py, the wire state_stream.py).
 
-The joiner asks the MAX_DONORS donors of the newest epochs (suspects never: they are asked last, alone) for one part
-each, at once, each with the values at positions of the other parts drawn for it alone. Then:
+The joiner asks up to MAX_DONORS donors of the newest epoch (or a lone one of it and two of the epoch before; suspects
+never: they are asked last, alone) for one part each, at once, each with the values at positions of the other parts drawn for it alone. Then:
 - every pair of donors whose samples agree with each other's parts (and who both sent theirs) agrees;
 - the largest group that agrees pairwise and is a majority is trusted: a part from a donor outside it (it failed,
   refused, sent what cannot be used, or was outvoted), or from one of an older epoch than the newest in it, is
   asked again of a donor of the newest epoch in it (the parts of one state all come from one epoch);
+- of three donors, one still sending when it has taken twice as long as the two others that sent theirs is given
+  up, as if it had failed: a slow or busy donor does not set the join time;
 - no majority (two donors that disagree, or one of two that failed): nothing is taken from the parts, and the
   joiner asks one donor at a time as before (state_stream.py), which passes over a donor that fails.
 What comes is checked as a whole as any download (finite, this peer's layout) before it is taken. The metadata is
@@ -27,19 +29,31 @@ from hivemind.p2p import PeerID
 from swarmd.swarm.state_parts import MAX_DONORS, Part, draw_positions, majority, plan_parts, samples_disagree
 from swarmd.swarm.upstream.state_stream import DownloadsState, unusable_state
 
-__all__ = ["SplitsDownloads", "split_donors"]
+__all__ = ["SplitsDownloads", "split_donors", "STRAGGLER_GRACE", "MIN_STRAGGLER_WAIT"]
+
+STRAGGLER_GRACE = 2.0  # a part may take this many times as long as the others' before it is asked of another
+MIN_STRAGGLER_WAIT = 2.0  # seconds: small states arrive in moments, and a moment's jitter is no straggler
 
 logger = logging.getLogger(__name__)
 
 
 def split_donors(offers: dict[PeerID, float], exclusions=None) -> list[PeerID]:
-    """The donors a download is split across: the MAX_DONORS newest offers that are not suspects (ties in a random
-    order, so that joiners spread over the donors). Not only the newest epoch's: a liar that claims a newer epoch
-    than anyone is then still compared with two that hold the swarm's."""
+    """The donors a download is split across, none of them a suspect, ties in a random order (joiners spread over
+    the donors): up to MAX_DONORS of the newest epoch where it has two or more; a lone donor of the newest epoch with
+    up to two of the epoch just before it (one epoch moves the parameters little: they are compared, and the state
+    taken is the newest that agrees); none otherwise. Never donors of older epochs: peers that just started offer
+    epoch 0 and agree with each other, and two of them would outvote the one peer that holds the swarm's state."""
     trusted = {peer: priority for peer, priority in offers.items()
                if exclusions is None or not exclusions.suspected(peer.to_base58())}
     ties = {peer: random.random() for peer in trusted}
-    return sorted(trusted, key=lambda peer: (trusted[peer], ties[peer]), reverse=True)[:MAX_DONORS]
+    newest_first = sorted(trusted, key=lambda peer: (trusted[peer], ties[peer]), reverse=True)
+    epochs = sorted(set(trusted.values()), reverse=True)
+    newest = [peer for peer in newest_first if trusted[peer] == epochs[0]] if epochs else []
+    if len(newest) >= 2:
+        return newest[:MAX_DONORS]
+    if len(epochs) >= 2 and epochs[1] >= epochs[0] - 1:
+        return newest + [peer for peer in newest_first if trusted[peer] == epochs[1]][:MAX_DONORS - 1]
+    return []
 
 
 class SplitsDownloads(DownloadsState):
@@ -63,12 +77,13 @@ class SplitsDownloads(DownloadsState):
         generator, compared = random.Random(), self.compared_tensors(kind)
         positions = [draw_positions(layout.shapes, compared, part, generator) for part in parts]
         began = time.perf_counter()
-        sent = await asyncio.gather(*(
-            self._fetch_part(donor, kind, part, drawn, waits()) for donor, part, drawn in zip(donors, parts, positions)))
-        trusted = majority(donors, _agreement(donors, parts, positions, sent))
+        sent = await _without_a_straggler(
+            [self._fetch_part(donor, kind, part, drawn, waits()) for donor, part, drawn in zip(donors, parts, positions)],
+            donors)
+        trusted = majority(donors, _agreement(donors, offers, parts, positions, sent))
         if trusted is None:
-            logger.warning("The donors of the %s (%s) did not agree on it, or one failed: asking one at a time",
-                           kind, ", ".join(map(str, donors)))
+            logger.info("The donors of the %s (%s) did not agree on it, or one failed: asking one at a time",
+                        kind, ", ".join(f"{donor} (epoch {offers[donor]:g})" for donor in donors))
             return None
         # the comparison may span epochs, the state taken never does: its parts all come from the newest agreeing
         newest = max(offers[donor] for donor in trusted)
@@ -78,9 +93,11 @@ class SplitsDownloads(DownloadsState):
             if donor not in sources:
                 why = "it is behind them" if donor in trusted else \
                     "it disagreed with the others" if sent[index] else "none came"
-                logger.log(logging.INFO if donor in trusted else logging.WARNING,
-                           "Peer %s's part of the %s is asked of %s instead: %s", donor, kind,
-                           ", ".join(map(str, sources)), why)
+                # a lie is told at the epoch the others hold: a donor of another epoch may differ honestly
+                lied = donor not in trusted and sent[index] is not None and offers[donor] >= newest
+                logger.log(logging.WARNING if lied else logging.INFO,
+                           "Peer %s's part of the %s (epoch %g) is asked of %s (epoch %g) instead: %s", donor, kind,
+                           offers[donor], ", ".join(map(str, sources)), newest, why)
                 senders[index], sent[index] = await self._part_again(sources, kind, parts[index], waits)
                 if sent[index] is None:
                     return None
@@ -123,8 +140,37 @@ class SplitsDownloads(DownloadsState):
         return loaded
 
 
-def _agreement(donors: list, parts: list[Part], positions: list, sent: list) -> dict[frozenset, bool]:
-    """Whether each pair of donors agrees: both sent their parts, and each one's samples of the other's part agree."""
+async def _without_a_straggler(fetches: list, donors: list) -> list:
+    """What each fetch brought; with three donors or more, the last one still sending when it has taken
+    STRAGGLER_GRACE times as long as the others (and MIN_STRAGGLER_WAIT seconds more than they) is given up (None),
+    where the others sent theirs: a slow or busy donor does not set the download's time, the others still make a
+    majority, and its part is asked again of one of them."""
+    tasks = [asyncio.ensure_future(fetch) for fetch in fetches]
+    if len(tasks) < 3:
+        return list(await asyncio.gather(*tasks))
+    began = time.perf_counter()
+    while sum(not task.done() for task in tasks) > 1:
+        await asyncio.wait([task for task in tasks if not task.done()], return_when=asyncio.FIRST_COMPLETED)
+    others_took = time.perf_counter() - began
+    last = [task for task in tasks if not task.done()]
+    if last and sum(task.result() is not None for task in tasks if task.done()) >= 2:  # a majority without it
+        await asyncio.wait(last, timeout=max(MIN_STRAGGLER_WAIT, (STRAGGLER_GRACE - 1) * others_took))
+    elif last:
+        await asyncio.wait(last)
+    results = []
+    for donor, task in zip(donors, tasks):
+        if not task.done():
+            task.cancel()
+            logger.info("Peer %s is still sending its part after %.1f s, the others took %.1f s: asking another",
+                        donor, time.perf_counter() - began, others_took)
+        results.append(task.result() if task.done() and not task.cancelled() else None)
+    return results
+
+
+def _agreement(donors: list, offers: dict, parts: list[Part], positions: list, sent: list) -> dict[frozenset, bool]:
+    """Whether each pair of donors agrees: both sent their parts, and each one's samples of the other's part agree.
+    Said as a warning where the two offered one epoch (one of them lies or is broken), else in the info log (an
+    outer step or a few early in training move the parameters by more than the tolerance)."""
     received = [None if loaded is None else {part.first + i: t for i, t in enumerate(loaded[1])}
                 for part, loaded in zip(parts, sent)]
     agree = {}
@@ -135,6 +181,8 @@ def _agreement(donors: list, parts: list[Part], positions: list, sent: list) -> 
         why = samples_disagree(positions[a], sent[a][2], received[b]) or \
             samples_disagree(positions[b], sent[b][2], received[a])
         if why:
-            logger.warning("Donors %s and %s disagree on the state: %s", donors[a], donors[b], why)
+            one_epoch = offers[donors[a]] == offers[donors[b]]
+            logger.log(logging.WARNING if one_epoch else logging.INFO, "Donors %s and %s (epochs %g and %g) disagree "
+                       "on the state: %s", donors[a], donors[b], offers[donors[a]], offers[donors[b]], why)
         agree[frozenset((donors[a], donors[b]))] = not why
     return agree
