@@ -77,7 +77,8 @@ def test_three_donors_send_a_part_each_and_a_liar_among_them_is_outvoted(four_dh
         assert all(torch.equal(got, sent) for got, sent in zip(loaded[1], honest)), "the liar's part was taken"
         served = [donor.parts_served.value for donor in donors]
         print(f"parts served by honest, liar, honest: {served}; the download took {took:.2f} s")
-        assert served[1] == 1 and sum(served) == 4  # a part each, the liar's asked again of an honest donor
+        # a part each, the liar's asked again of an honest donor (and, on a loaded machine, a straggler's too)
+        assert served[1] == 1 and sum(served) >= 4
     finally:
         joiner.shutdown()
         for donor in donors:

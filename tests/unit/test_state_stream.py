@@ -35,12 +35,31 @@ def server(tensors, infos, compression=NoCompression()):
     async def current_state():
         return MSGPackSerializer.dumps({"epoch": 7}), tensors, infos
 
+    async def part_from_host(kind, part, positions):
+        """As DownloadsState._part_from_host_process: the request, then the host's served_state (in this process)."""
+        averager._part_requests.put((kind, part.first, part.stop, positions))
+        metadata, served, served_infos = DownloadsState.served_state(averager, {"epoch": 7}, tensors, infos)
+        return MSGPackSerializer.dumps(metadata), served, served_infos
+
     averager = types.SimpleNamespace(
         request_timeout=5.0, next_chunk_timeout=None, allow_state_sharing=True, _allow_list=None,
         state_compression=compression, _get_current_state_from_host_process=current_state,
+        _part_from_host_process=part_from_host, _part_requests=Requests(),
     )
     averager._shares_state = lambda: averager.allow_state_sharing  # DownloadsState's own
     return averager
+
+
+class Requests(list):
+    """The host's queue of part requests, in one process."""
+
+    put = list.append
+
+    def empty(self):
+        return not self
+
+    def get(self):
+        return self.pop(0)
 
 
 async def served_bytes(averager, request: bytes) -> bytes:
@@ -292,3 +311,30 @@ def test_a_downloader_that_stops_reading_is_let_go():
 
     writer, seconds = asyncio.run(serve())
     assert writer.closed and 0.2 <= seconds < 2.0
+
+
+def test_the_host_copies_only_the_part_asked_for_and_reports_the_positions_from_the_rest():
+    tensors, infos = state()
+    host = types.SimpleNamespace(_part_requests=Requests())
+    copied = []
+
+    def copy(tensor):
+        copied.append(tensor)
+        return tensor.clone()
+
+    _, whole, _ = DownloadsState.served_state(host, {}, tensors, infos, copy=copy)
+    assert len(whole) == len(copied) == len(tensors)  # no request: every tensor
+    copied.clear()
+    host._part_requests.put(("state", 1, 3, [[0, [2]], [5, [0, 1]]]))
+    _, part, part_infos = DownloadsState.served_state(host, {}, tensors, infos, copy=copy)
+    assert [t is s for t, s in zip(copied, tensors[1:3])] == [True, True] and len(copied) == 2  # the part alone
+    assert len(part) == 3 and len(part_infos) == 3 and torch.equal(part[0], tensors[1])
+    assert part[-1].tolist() == [float(tensors[0].reshape(-1)[2].detach()), float(tensors[5].reshape(-1)[0]),
+                                 float(tensors[5].reshape(-1)[1])]
+    host._part_requests.put(("parameters", 4, None, []))  # tensor 4 is the last parameter
+    _, last, _ = DownloadsState.served_state(host, {}, tensors, infos, copy=copy)
+    assert len(last) == 2 and torch.equal(last[0].to(torch.float32), tensors[4].to(torch.float32))
+    for request in (("parameters", 5, None, []), ("state", 0, 2, [[0, [99]]])):  # past the end; out of range
+        host._part_requests.put(request)
+        assert DownloadsState.served_state(host, {}, tensors, infos, copy=copy)[1] == []
+    assert host._part_requests.empty()  # every request met its own ask

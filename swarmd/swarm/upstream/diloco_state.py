@@ -14,7 +14,6 @@ from hivemind.compression import CompressionInfo, TensorRole
 
 from swarmd.swarm.optimizer_state_wire import describe_optimizer_state, load_described_state
 from swarmd.swarm.upstream.state_averager import ObservedStateAverager
-from swarmd.swarm.upstream.state_stream import shared_copy
 
 __all__ = ["DiLoCoStateAverager"]
 
@@ -110,23 +109,22 @@ class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
 
     def get_current_state(self):
         """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the
-        round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them."""
+        round's progress, appended so that upstream's loader, which indexes its own tensors only, ignores them.
+        Copied under the state lock (ObservedStateAverager.get_current_state): the averager process streams them to
+        the downloader later, while the next outer step may already be changing the live ones."""
         with self.state_lock:
-            return self._current_state()
+            return super().get_current_state()
 
-    def _current_state(self):
-        # Copies (ObservedStateAverager.get_current_state): the averager process streams them to the downloader
-        # later, while the next outer step may already be changing the live ones.
-        metadata, tensors, infos = super().get_current_state()
+    def live_state(self):
+        metadata, tensors, infos = super().live_state()
         if self.inner_optimizer is not None:
             with torch.no_grad():
                 # by name, not hivemind's dump_optimizer_state (swarm/optimizer_state_wire.py says why)
                 inner_description, inner_tensors = describe_optimizer_state(self.inner_optimizer)
-                inner_tensors = [shared_copy(tensor) for tensor in inner_tensors]  # copies, as above
             metadata["diloco"] = dict(
                 inner_optimizer_state=inner_description, inner_offset=len(tensors), round_steps=self.round_steps
             )
-            tensors = list(tensors) + inner_tensors
+            tensors = list(tensors) + list(inner_tensors)
             infos = list(infos) + [
                 CompressionInfo.from_tensor(tensor, key=("inner", i), role=TensorRole.OPTIMIZER)
                 for i, tensor in enumerate(inner_tensors)

@@ -19,7 +19,6 @@ from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.upstream.parameter_refresh import ServesParameters
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
-from swarmd.swarm.upstream.state_stream import shared_copy
 
 __all__ = ["ObservedStateAverager"]
 
@@ -135,8 +134,7 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         under the training thread that is stepping or reading it, and the serving peer dies of a SIGSEGV
         (docs/PERFORMANCE.md section 5). A copy costs one more pass over the state per download served; made in
         shared memory, it is the only one (the pipe then passes it by handle)."""
-        metadata, tensors, infos = super().get_current_state()
-        return metadata, [shared_copy(tensor) for tensor in tensors], infos
+        return self.served_state(*self.live_state())  # copies (shared_copy), of the part alone where one is asked
 
     # Counts the ways hivemind writes the model's own parameters, so the data-parallel ranks of this peer
     # (swarmd.ranks) get them again exactly when they changed: averaged state applied, the offloaded optimizer's

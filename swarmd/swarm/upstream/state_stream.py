@@ -100,6 +100,9 @@ class DownloadsState:
         # peers that refused to send their state, counted in the averager's process, read by the host: a download
         # that every peer refused is told apart from one that found nobody (a private swarm's outsider is refused)
         self.download_refusals = mp.Value("q", 0)
+        # a part's request, from the averager's process to the host's (served_state): put just before the host is
+        # asked for the state, under a lock that keeps every other ask of this averager's process out in between
+        self._part_requests = mp.SimpleQueue()
         super().__init__(*args, **kwargs)
 
     # --- serving (the averager's process) --------------------------------------------------------------------
@@ -125,14 +128,17 @@ class DownloadsState:
                 return
             positions = await _read_positions(reader, self.request_timeout) if part else None
             began = time.perf_counter()
-            metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
-            prepared = time.perf_counter() - began
-            chosen = served_tensors(kind, tensors, infos)
-            head = {"metadata": metadata, "tensors": len(chosen)}
-            if part is not None:
-                chosen = _chosen_part(chosen, part, positions, head)
-                if chosen is None:
+            if part is None:
+                metadata, tensors, infos = await self._get_current_state_from_host_process()  # metadata: serialized
+                chosen = served_tensors(kind, tensors, infos)
+                head = {"metadata": metadata, "tensors": len(chosen)}
+            else:
+                metadata, tensors, infos = await self._part_from_host_process(kind, part, positions)
+                if not tensors:  # the request does not fit this state (the host said why in its log)
                     return
+                chosen = list(zip(tensors[:-1], infos[:-1]))
+                head = {"metadata": metadata, "tensors": len(chosen), "samples": _float64_bytes(tensors[-1])}
+            prepared = time.perf_counter() - began
             # a downloader that takes nothing for a chunk's time is let go (with the copies of the state it pins)
             patience = chunk_timeout(self)
             await _write_frame(writer, MSGPackSerializer.dumps(head), patience)
@@ -152,6 +158,56 @@ class DownloadsState:
 
     def _shares_state(self) -> bool:
         return self.allow_state_sharing
+
+    async def _get_current_state_from_host_process(self):
+        async with self._host_state_lock():
+            return await super()._get_current_state_from_host_process()
+
+    async def _part_from_host_process(self, kind: str, part: Part, positions):
+        """(metadata, the part's tensors then the values at `positions`, their infos) from the host, which copies
+        only the part (a whole state's copy on a busy host took seconds, and each donor of a split made one);
+        (metadata, [], None) when the request does not fit the state."""
+        async with self._host_state_lock():
+            self._part_requests.put((kind, part.first, part.stop, positions))
+            return await super()._get_current_state_from_host_process()
+
+    def _host_state_lock(self) -> asyncio.Lock:
+        """One ask of the host at a time (the averager's process): the host's thread answers them in order, and a
+        part's request must meet its own ask."""
+        if getattr(self, "_host_lock", None) is None:
+            self._host_lock = asyncio.Lock()
+        return self._host_lock
+
+    # --- the host process: the state it hands over ---------------------------------------------------------
+
+    def get_current_state(self):
+        """Upstream's state as it is (its live tensors), or the part a request asked for (served_state)."""
+        return self.served_state(*self.live_state(), copy=lambda tensor: tensor)
+
+    def live_state(self):
+        """(host) The state to serve, its tensors the live ones (not copies): upstream's here."""
+        return super().get_current_state()
+
+    def served_state(self, metadata, tensors, infos, copy=None):
+        """(host) What the averager's process is handed: every tensor as `copy` makes it (default: shared_copy), or,
+        where the averager's process asked for a part, only that part's, then its values at the positions asked
+        for (a float64 tensor), or no tensors when the request does not fit."""
+        copy = copy or shared_copy
+        request = None if self._part_requests.empty() else self._part_requests.get()
+        if request is None:
+            return metadata, [copy(tensor) for tensor in tensors], infos
+        kind, first, stop, positions = request
+        chosen = served_tensors(kind, tensors, infos)
+        live = [tensor for tensor, _ in chosen]
+        problem = positions_problem(positions, live)
+        if problem or first >= len(live) or (stop is not None and stop > len(live)):
+            logger.debug("Refused a request for tensors %s %s: %s", first, stop, problem or "not in this state")
+            return metadata, [], None
+        values = sample_values(positions, live)
+        samples = torch.frombuffer(bytearray(values), dtype=torch.float64) if values else torch.zeros(0, dtype=torch.float64)
+        part = chosen[first:stop]
+        return (metadata, [copy(tensor) for tensor, _ in part] + [samples],
+                [info for _, info in part] + [CompressionInfo.from_tensor(samples)])
 
     # --- downloading (the averager's process) ----------------------------------------------------------------
 
@@ -346,18 +402,8 @@ async def _read_positions(reader: asyncio.StreamReader, timeout: float):
     return MSGPackSerializer.loads(await _read_frame(reader, timeout, MAX_FRAME_HEADER))
 
 
-def _chosen_part(chosen: list, part: Part, positions, head: dict) -> Optional[list]:
-    """The tensors of `part` of the state a request `chosen`, the values at `positions` in `head`; None (refused, and
-    why in the log) when the request does not fit the state."""
-    tensors = [tensor for tensor, _ in chosen]
-    problem = positions_problem(positions, tensors)
-    if problem or part.first >= len(tensors) or (part.stop is not None and part.stop > len(tensors)):
-        logger.debug("Refused a request for tensors %s: %s", part.words(), problem or "not in this state")
-        return None
-    head["samples"] = sample_values(positions, tensors)
-    chosen = chosen[part.first:part.stop]
-    head["tensors"] = len(chosen)
-    return chosen
+def _float64_bytes(values: torch.Tensor) -> bytes:
+    return values.detach().to(torch.float64).numpy().astype("<f8").tobytes()
 
 
 def unusable_state(loaded) -> str:
