@@ -521,6 +521,46 @@ def test_a_round_that_returned_part_of_the_average_is_partial_not_a_success(dht,
         optimizer.shutdown()
 
 
+@pytest.mark.parametrize("swarm_ahead", [True, False], ids=["swarm-ahead", "swarm-level"])
+def test_a_round_that_found_no_group_while_the_swarm_is_past_its_step_takes_the_swarms_state(
+        dht, tmp_path, swarm_ahead):
+    """A peer whose outer round found no group because the other peer already took that step alone (it had not
+    seen this one yet) downloads the swarm's state instead of stepping alone: a lone step kept two peers one outer
+    step apart for good in CI, every round of both failing. Where the swarm is level, it steps alone as before."""
+    import time
+    from concurrent.futures import Future
+
+    from hivemind.averaging.allreduce import AllreduceException
+
+    from swarmd.swarm.upstream.outer_round import SentRound
+
+    _, _, optimizer, _ = _peer(dht, tmp_path, f"diloco-ahead-{swarm_ahead}")
+    try:
+        optimizer._alone = lambda: False
+        optimizer._swarm_moved_on = lambda epoch: swarm_ahead
+        downloads = []
+        optimizer.load_state_from_peers = lambda **kwargs: downloads.append(kwargs)
+
+        def failed_round(**kwargs):
+            control = Future()
+            control.set_exception(AllreduceException("Averaging step failed: could not find a group"))
+            return control
+
+        optimizer.outer_averager.step = failed_round
+        own = [torch.ones_like(param) for param in optimizer._outer_parameters()]
+        sent = SentRound(0, own, 8.0, time.perf_counter(), overlapped=False)
+        optimizer._send(sent)
+        optimizer._finish_round(sent)
+        if swarm_ahead:
+            assert downloads and optimizer.averaging_log.last("outer").outcome == "skipped"
+            assert optimizer.local_epoch == 0  # no lone step
+        else:
+            assert not downloads and optimizer.averaging_log.last("outer").outcome == "local"
+            assert optimizer.local_epoch == 1
+    finally:
+        optimizer.shutdown()
+
+
 def _wait_for(condition, what: str, timeout: float = 30.0):
     import time
 

@@ -440,6 +440,12 @@ class DiLoCoOptimizer(ReadsItsParts):
             # and leave this peer apart from the swarm for good; take the swarm's result instead
             self._skip_round(epoch, f"the round failed for a peer with nothing to contribute ({why})")
             return
+        if outcome == "local" and self._swarm_moved_on(epoch):
+            # the round found no group because the others are past this outer step (one took it alone before it
+            # saw this peer): a lone step would keep this peer one step behind them for good, every round of both
+            # failing (seen in CI); take the swarm's state instead
+            self._skip_round(epoch, f"the round failed ({why}) and the swarm is past this outer step")
+            return
         # overlap: the model took inner steps since it sent; keep a share of them (Streaming DiLoCo's mixing), but
         # not of a state this peer only caught up to. Taken now: averaging the state writes the model too.
         own_parameters = self._own_parameters() if sent.overlapped and not self.catching_up else None
