@@ -2,7 +2,8 @@
 (issues 37 and 34; the plan, the samples and the vote are swarm/state_parts.py, the wire state_stream.py).
 
 The joiner asks up to MAX_DONORS donors of the newest epoch (or a lone one of it and two of the epoch before; suspects
-never: they are asked last, alone) for one part each, at once, each with the values at positions of the other parts drawn for it alone. Then:
+never: they are asked last, alone) for one part each, at once, each with the values at positions of the other
+parts drawn for it alone. Then:
 - every pair of donors whose samples agree with each other's parts (and who both sent theirs) agrees;
 - the largest group that agrees pairwise and is a majority is trusted: a part from a donor outside it (it failed,
   refused, sent what cannot be used, or was outvoted), or from one of an older epoch than the newest in it, is
