@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import torch
 
 __all__ = [
-    "Part", "plan_parts", "draw_positions", "sample_values", "samples_disagree", "majority", "positions_problem",
+    "Part", "plan_parts", "draw_positions", "sample_values", "samples_bytes", "samples_disagree", "majority", "positions_problem",
     "MAX_DONORS", "MAX_POSITIONS", "TOLERANCE",
 ]
 
@@ -102,12 +102,16 @@ def positions_problem(positions, tensors: Sequence[torch.Tensor]) -> str:
     return ""
 
 
-def sample_values(positions, tensors: Sequence[torch.Tensor]) -> bytes:
-    """The values of `tensors` at `positions` (checked by positions_problem), as little-endian float64."""
+def sample_values(positions, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The values of `tensors` at `positions` (checked by positions_problem), as one float64 tensor."""
     values = [tensors[index].detach().reshape(-1)[torch.tensor(flat, dtype=torch.long)].to(torch.float64)
               for index, flat in positions]
-    joined = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
-    return joined.numpy().astype("<f8").tobytes()
+    return torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
+
+
+def samples_bytes(values: torch.Tensor) -> bytes:
+    """Sampled values as the wire carries them (little-endian float64), as samples_disagree reads them."""
+    return values.detach().to(torch.float64).numpy().astype("<f8").tobytes()
 
 
 def samples_disagree(positions, reported: bytes, received: dict[int, torch.Tensor]) -> str:

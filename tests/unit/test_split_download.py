@@ -12,7 +12,7 @@ import torch
 from hivemind.p2p import PeerID
 
 from swarmd.swarm.state_layout import StateLayout
-from swarmd.swarm.state_parts import sample_values
+from swarmd.swarm.state_parts import sample_values, samples_bytes
 from swarmd.swarm.upstream.split_download import SplitsDownloads, split_donors
 from swarmd.swarm.upstream.state_stream import Waits
 
@@ -44,7 +44,7 @@ class Joiner(SplitsDownloads):
         if isinstance(state, Exception):
             raise state
         return {"epoch": 4, "donor": str(peer)}, [t.clone() for t in state[part.first:part.stop]], \
-            sample_values(positions, state)
+            samples_bytes(sample_values(positions, state))
 
 
 def split(states: dict, offers=None):

@@ -10,7 +10,7 @@ import torch
 
 from swarmd.swarm.state_parts import (
     MAX_POSITIONS, SAMPLES_PER_TENSOR, Part, draw_positions, majority, plan_parts, positions_problem, sample_values,
-    samples_disagree,
+    samples_bytes, samples_disagree,
 )
 
 
@@ -47,7 +47,7 @@ def honest(seed=0):
 
 
 def reported(tensors, positions) -> bytes:
-    return sample_values(positions, [tensors[i] for i in range(len(tensors))])
+    return samples_bytes(sample_values(positions, [tensors[i] for i in range(len(tensors))]))
 
 
 POSITIONS = [(0, list(range(0, 2048, 64))), (1, list(range(32))), (2, list(range(0, 256, 8)))]

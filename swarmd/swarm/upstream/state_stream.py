@@ -43,7 +43,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarmd.swarm.state_layout import StateLayout, layout_mismatch
-from swarmd.swarm.state_parts import Part, positions_problem, sample_values
+from swarmd.swarm.state_parts import Part, positions_problem, sample_values, samples_bytes
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
 
 __all__ = ["DownloadsState", "Route", "Waits", "chunk_timeout", "donor_order", "parse_part", "read_state", "stream_handler_name", "shared_copy", "served_tensors", "state_offers", "unusable_state", "KINDS"]
@@ -137,7 +137,7 @@ class DownloadsState:
                 if not tensors:  # the request does not fit this state (the host said why in its log)
                     return
                 chosen = list(zip(tensors[:-1], infos[:-1]))
-                head = {"metadata": metadata, "tensors": len(chosen), "samples": _float64_bytes(tensors[-1])}
+                head = {"metadata": metadata, "tensors": len(chosen), "samples": samples_bytes(tensors[-1])}
             prepared = time.perf_counter() - began
             # a downloader that takes nothing for a chunk's time is let go (with the copies of the state it pins)
             patience = chunk_timeout(self)
@@ -203,8 +203,7 @@ class DownloadsState:
         if problem or first >= len(live) or (stop is not None and stop > len(live)):
             logger.debug("Refused a request for tensors %s %s: %s", first, stop, problem or "not in this state")
             return metadata, [], None
-        values = sample_values(positions, live)
-        samples = torch.frombuffer(bytearray(values), dtype=torch.float64) if values else torch.zeros(0, dtype=torch.float64)
+        samples = sample_values(positions, live)
         part = chosen[first:stop]
         return (metadata, [copy(tensor) for tensor, _ in part] + [samples],
                 [info for _, info in part] + [CompressionInfo.from_tensor(samples)])
@@ -328,7 +327,6 @@ class DownloadsState:
         finally:
             writer.close()
 
-
     async def _download_rpc(self, peer: PeerID, kind: str, waits: Waits):
         """(metadata, tensors) from `peer` through hivemind's RPC (its protobuf parts), None when it sent none."""
         stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
@@ -401,9 +399,6 @@ def parse_part(words: list[str]):
 async def _read_positions(reader: asyncio.StreamReader, timeout: float):
     return MSGPackSerializer.loads(await _read_frame(reader, timeout, MAX_FRAME_HEADER))
 
-
-def _float64_bytes(values: torch.Tensor) -> bytes:
-    return values.detach().to(torch.float64).numpy().astype("<f8").tobytes()
 
 
 def unusable_state(loaded) -> str:
