@@ -333,10 +333,15 @@ class RoundTimelineView:
     unpublished: tuple  # names of group members that published no record of it (yet)
 
 
-def _published_by_its_group(entries: list) -> bool:
-    """Two or more peers published this round, and every member of its group (as they name them) did."""
+def _unpublished(entries: list) -> set:
+    """The members of a round's group (as its publishers name them) that published no record of it."""
     members = {peer for _, item in entries for peer in item.get("peers") or () if isinstance(peer, str)}
-    return len(entries) >= 2 and members <= {peer_id for peer_id, _ in entries}
+    return members - {peer_id for peer_id, _ in entries}
+
+
+def _published_by_its_group(entries: list) -> bool:
+    """Two or more peers published this round, and every member of its group did."""
+    return len(entries) >= 2 and not _unpublished(entries)
 
 
 def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
@@ -379,9 +384,7 @@ def round_timeline(s: Mapping[str, Any]) -> Optional[RoundTimelineView]:
         lanes.append(Lane(names.get(peer_id, short_id(peer_id)), short_id(peer_id), outcome,
                           outcome in FAILED_OUTCOMES, tuple(segments), f"{_number(item['ended_at']) - first:.2f} s",
                           traffic_words(item.get("sent_bytes"), item.get("received_bytes"))))
-    published = {peer_id for peer_id, _ in entries}
-    members = {peer for _, item in entries for peer in item.get("peers") or () if isinstance(peer, str)}
-    unpublished = tuple(sorted(names.get(peer, short_id(peer)) for peer in members - published))
+    unpublished = tuple(sorted(names.get(peer, short_id(peer)) for peer in _unpublished(entries)))
     return RoundTimelineView(
         title=f"{kind} round of epoch {epoch}",
         note=f"{span:.2f} s from the first ask to the last apply, on {len(lanes)} peer clock(s)",
