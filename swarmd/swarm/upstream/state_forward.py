@@ -34,8 +34,8 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 from hivemind.utils import get_dht_time
 
 from swarmd.swarm.averager_keys import CLIENT_DONORS
-from swarmd.swarm.upstream.split_download import SplitsDownloads
 from swarmd.swarm.upstream.averager_gate import admits_peer, not_excluded
+from swarmd.swarm.upstream.split_download import SplitsDownloads
 from swarmd.swarm.upstream.state_stream import (
     KINDS, WRITE_BYTES, Route, Waits, chunk_timeout, donor_order, read_state, state_offers,
     stream_handler_name,
