@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import hivemind
+import hivemind.averaging.averager as averager_module
 import hivemind.compression.quantization as quantization
 import hivemind.compression.serialization as serialization
 from hivemind.averaging import DecentralizedAverager
@@ -89,6 +90,11 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (DecentralizedAverager, "_run_internal", "source", ("self._matchmaking = Matchmaking(", "getattr(self, method)(*args, **kwargs)")),
     (DecentralizedAverager, "_outer_pipe", "attribute", ()),  # parameter_refresh
     (DecentralizedAverager, "_get_current_state_from_host_process", "method", ()),  # state_stream, parameter_refresh
+    # state_stream (a part's request put on a queue just before its ask must meet that ask): the host answers every
+    # ask of the state through one thread, started once, that takes the asks from the pipe in order
+    (DecentralizedAverager, "__init__", "source", ("target=_background_thread_fetch_current_state",)),
+    (averager_module, "_background_thread_fetch_current_state", "source", (
+        "trigger, future = pipe.recv()", "state = get_current_state()")),
     (DecentralizedAverager, "_load_state_from_peers", "method", ("future", "timeout")),  # state_stream
     (DecentralizedAverager, "_load_state_from_peers", "source", (".all_averagers",)),  # state_stream, record_gate: the key
     (DecentralizedAverager, "load_state_from_peers", "method", ("wait", "timeout", "...")),  # state_averager, diloco_state, monitor/keeper
