@@ -21,10 +21,14 @@ diloco (pseudo-gradients of 8 inner steps). `--attackers 2 --peers 6`: two attac
 Columns: the honest peer's loss at the budget (the median of its last three epoch means) against the clean run's,
 the epochs from the start until an honest peer excluded the attacker (and by how many honest peers), honest
 peers excluded by anyone (wrongly), and for the clean rows the defence's cost: samples/s and median gradient round
-time with the defences on against off (hivemind's mean, no exclusion, no claim check), side by side.
+time with the defences on against off (hivemind's mean, no exclusion, no claim check), side by side. With
+`--repeats N` every cell runs N times, interleaved (all cells once, then all again, so a slow spell of the machine
+falls on every cell): the losses are then the median [min..max] of the runs, "x clean" each run's loss against the
+clean runs' median (the clean row's own range is the spread an attack cell is judged against), the exclusions and
+epochs one entry per run.
 
     python benchmarks/attacks.py [--strategies sync local diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
-        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--keep-logs DIR]
+        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--repeats 3] [--keep-logs DIR]
 
 Not covered here: NaN gradients (a swarmd worker skips a non-finite step before sending: it needs an attacker
 that modifies its averager; tests/swarm/test_lying_peers.py covers the reducers' side, and every receiver refuses
@@ -126,6 +130,51 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
             peer.close()
 
 
+def spread(values: list[float], digits: int = 4) -> str:
+    """One run's value, or the median [min..max] of several."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]"
+
+
+def exclusion_cell(results: list[dict], honest: int) -> str:
+    """When the attacker was first excluded in each run, and by how many honest peers."""
+    return "; ".join(f"{r['excluded_at'][0]} ({len(r['excluded_at'])} of {honest})" if r["excluded_at"] else "never"
+                     for r in results)
+
+
+def wrongly_cell(results: list[dict]) -> str:
+    """Honest peers excluded by anyone, per run, with the reasons."""
+    return "; ".join(f"{r['wrongly']} ({', '.join(r['wrongly_why'])})" if r["wrongly"] else "0" for r in results)
+
+
+def table_rows(strategy: str, cells: dict[str, list[dict]], honest: int) -> list[list[str]]:
+    """The strategy's rows: every cell's runs against the clean (defended) runs' median loss."""
+    clean, undefended = cells["clean"], cells["clean, undefended"]
+    clean_loss = statistics.median(r["loss"] for r in clean)
+    rate = statistics.median(r["samples_per_second"] for r in clean)
+    undefended_rate = statistics.median(r["samples_per_second"] for r in undefended)
+    rows = []
+    for name, results in cells.items():
+        losses = [r["loss"] for r in results]
+        rates = [r["samples_per_second"] for r in results]
+        rounds = statistics.median(r["round_seconds"] for r in results)
+        row = [strategy, {"clean": "clean (defended)"}.get(name, name), spread(losses),
+               spread([loss / clean_loss for loss in losses], 2), exclusion_cell(results, honest),
+               wrongly_cell(results), spread(rates, 1), f"{rounds:.2f}",
+               ",".join(str(r["epochs"]) for r in results)]
+        if name == "clean":
+            undefended_rounds = statistics.median(r["round_seconds"] for r in undefended)
+            row[6] += f" ({rate / undefended_rate:.3f}x undefended)"
+            row[7] += f" (undefended {undefended_rounds:.2f})"
+        if name.startswith("clean"):
+            row[4] = "—"
+        if name == "clean, undefended":
+            row[5] = "—"
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "local", "diloco"])
@@ -134,49 +183,35 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=1, help="the last ATTACKERS peers attack, all alike")
     parser.add_argument("--budget-epochs", type=int, default=30)
     parser.add_argument("--cell-timeout", type=float, default=240.0, help="seconds a cell may train")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every cell, interleaved (all cells once, then again): a median and its range")
     parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
                         help="keep every peer's state dir and log under DIR/cell<N>/ (a surprising cell's evidence)")
     args = parser.parse_args()
 
     print(machine())
-    rows = []
+    names = ["clean", "clean, undefended", *args.attacks]
+    results: dict[str, dict[str, list[dict]]] = {s: {name: [] for name in names} for s in args.strategies}
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep_logs.resolve() if args.keep_logs else Path(tmp)
         env = install_testtasks(root / "plugins")
         cell = 0
-        for strategy in args.strategies:
-
-            def one(attack, defended=True):
-                nonlocal cell
-                cell += 1
-                name = f"{attack or 'clean'}{'' if defended else ', undefended'}"
-                print(f"  [{cell}] {strategy}: {name}", flush=True)
-                result = run_cell(root / f"cell{cell}", env, strategy, attack, args, defended)
-                print(f"      {result}", flush=True)
-                return result
-
-            clean, undefended = one(None), one(None, defended=False)
-            ratio = clean["samples_per_second"] / undefended["samples_per_second"]
-            rows.append([strategy, "clean (defended)", f"{clean['loss']:.4f}", "1.00", "—", str(clean["wrongly"]),
-                         f"{clean['samples_per_second']:.1f} ({ratio:.3f}x undefended)",
-                         f"{clean['round_seconds']:.2f} (undefended {undefended['round_seconds']:.2f})",
-                         str(clean["epochs"])])
-            rows.append([strategy, "clean, undefended", f"{undefended['loss']:.4f}",
-                         f"{undefended['loss'] / clean['loss']:.2f}", "—", "—",
-                         f"{undefended['samples_per_second']:.1f}", f"{undefended['round_seconds']:.2f}",
-                         str(undefended["epochs"])])
-            for attack in args.attacks:
-                result = one(attack)
-                excluded = (f"{result['excluded_at'][0]} ({len(result['excluded_at'])} of {args.peers - args.attackers})"
-                            if result["excluded_at"] else "never")
-                wrongly = f"{result['wrongly']} ({', '.join(result['wrongly_why'])})" if result["wrongly"] else "0"
-                rows.append([strategy, attack, f"{result['loss']:.4f}", f"{result['loss'] / clean['loss']:.2f}",
-                             excluded, wrongly, f"{result['samples_per_second']:.1f}",
-                             f"{result['round_seconds']:.2f}", str(result["epochs"])])
+        for repeat in range(args.repeats):
+            for strategy in args.strategies:
+                for name in names:
+                    cell += 1
+                    print(f"  [{cell}] run {repeat + 1}: {strategy}: {name}", flush=True)
+                    attack = None if name.startswith("clean") else name
+                    result = run_cell(root / f"cell{cell}", env, strategy, attack, args, defended=name != "clean, undefended")
+                    print(f"      {result}", flush=True)
+                    results[strategy][name].append(result)
+    rows = [row for strategy in args.strategies
+            for row in table_rows(strategy, results[strategy], args.peers - args.attackers)]
+    runs = f", {args.repeats} runs per cell: median [min..max]" if args.repeats > 1 else ""
     print_table(
         f"{args.peers} peers ({args.attackers} attacking), faulty task, budget {args.budget_epochs} global epochs (or "
-        f"{args.cell_timeout:.0f} s)",
-        ["strategy", "cell", "honest loss", "x clean", "excluded at epoch (by)", "honest excluded",
+        f"{args.cell_timeout:.0f} s){runs}",
+        ["strategy", "cell", "honest loss", "x clean", "excluded at epoch (by), per run", "honest excluded",
          "peer 0 samples/s", "round s (median)", "epochs"],
         rows,
     )

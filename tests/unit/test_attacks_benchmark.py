@@ -1,0 +1,41 @@
+"""benchmarks/attacks.py: the table of repeated cells (issue 34: "within 10%" judged against the clean runs' own
+spread), without a swarm."""
+
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import attacks  # noqa: E402
+
+
+def run(loss, rate=100.0, excluded_at=(), wrongly_why=(), round_seconds=2.0, epochs=20):
+    return {"loss": loss, "samples_per_second": rate, "excluded_at": list(excluded_at), "wrongly": len(wrongly_why),
+            "wrongly_why": list(wrongly_why), "round_seconds": round_seconds, "epochs": epochs}
+
+
+def test_repeated_cells_give_a_median_a_range_and_one_entry_per_run():
+    cells = {
+        "clean": [run(0.010, rate=90.0), run(0.020, rate=100.0), run(0.030, rate=110.0)],
+        "clean, undefended": [run(0.015, rate=200.0)] * 3,
+        "sign flip": [run(0.040, excluded_at=(3, 4, 5)), run(0.020, excluded_at=(7,)),
+                      run(0.060, wrongly_why=("clipped",))],
+    }
+    rows = {row[1]: row for row in attacks.table_rows("local", cells, honest=3)}
+    clean, flip = rows["clean (defended)"], rows["sign flip"]
+    assert clean[2] == "0.0200 [0.0100..0.0300]"
+    assert clean[3] == "1.00 [0.50..1.50]"  # the clean runs' own spread, against their median
+    assert clean[6] == "100.0 [90.0..110.0] (0.500x undefended)"
+    assert flip[3] == "2.00 [1.00..3.00]"
+    assert flip[4] == "3 (3 of 3); 7 (1 of 3); never"
+    assert flip[5] == "0; 0; 1 (clipped)"
+    assert flip[8] == "20,20,20"
+    assert rows["clean, undefended"][4:6] == ["—", "—"]
+
+
+def test_one_run_per_cell_prints_plain_values():
+    cells = {"clean": [run(0.02)], "clean, undefended": [run(0.03)], "x -1e6": [run(0.05, excluded_at=(2, 2))]}
+    rows = {row[1]: row for row in attacks.table_rows("sync", cells, honest=3)}
+    assert rows["x -1e6"][2:5] == ["0.0500", "2.50", "2 (2 of 3)"]
+    assert rows["clean (defended)"][5] == "0"
