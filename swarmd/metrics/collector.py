@@ -232,7 +232,7 @@ def _exclusions(s: Snapshot) -> Iterable:
                             "clipped them repeatedly, or their progress claims were implausible).",
                             value=float(len(s.excluded_peers)))
     yield GaugeMetricFamily("swarmd_peers_suspected", "Peers with evidence against them in the exclusion window, not "
-                            "enough to exclude them: refused nowhere, asked last for the state.",
+                            "enough to exclude them: asked last for the state, no partner in a state round of two.",
                             value=float(len(s.suspected_peers)))
     made = CounterMetricFamily("swarmd_exclusions", "Exclusions of peers on evidence since the daemon started, by "
                                "reason: clipped (outliers in robust aggregation), claims (implausible samples).",

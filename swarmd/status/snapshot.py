@@ -183,7 +183,8 @@ class Snapshot:
     # clipped_rounds, rounds_seen, capped_claims, exclusions), exclusions made by reason, refusals of them by place
     excluded_peers: tuple = ()
     # peers with evidence against them, not (yet) excluded (swarm/exclusion.py SuspectedPeer each: peer_id,
-    # clipped_rounds, rounds_seen, returned_rounds, capped_claims): refused nowhere, asked last for the state
+    # clipped_rounds, rounds_seen, returned_rounds, capped_claims): asked last for the state, no partner in a state
+    # round of two
     suspected_peers: tuple = ()
     exclusions_total: dict = field(default_factory=lambda: {reason: 0 for reason in EXCLUSION_REASONS})
     exclusion_refusals: dict = field(default_factory=lambda: {place: 0 for place in EXCLUSION_PLACES})

@@ -5,10 +5,11 @@ The evidence:
 - `clipped`: every swarmd averager's share of an all-reduce (swarm/upstream/robust_aggregation.py) reports, per round, each
   sender and whether it was clipped as an outlier there: rounds of three or more senders, and of two when this peer
   is one of them (its own part the reference, robust_aggregation.py PAIR_OUTLIER_RATIO); another pair reports only
-  a non-finite part (nobody can be told apart). A sender is excluded once it was clipped in at least `rounds`
-  rounds within `window` seconds AND in more than `share` of the rounds it sent to this peer's share in that
-  window: a liar is clipped in every round, an honest peer seldom and never in most (one clipped part, or a rare
-  bad round in a long run, is no evidence).
+  a non-finite part (nobody can be told apart); a state round judges each member over this peer's whole share
+  (parameters differ by how far each peer stepped alone: swarm/upstream/state_averager.py). A sender is excluded
+  once it was clipped in at least `rounds` rounds within `window` seconds AND in more than `share` of the rounds it
+  sent to this peer's share in that window: a liar is clipped in every round, an honest peer seldom and never in
+  most (one clipped part, or a rare bad round in a long run, is no evidence).
 - `returned`: the receiver checks the average each reducer returns for its share (swarm/upstream/robust_aggregation.py
   RETURN_RATIO) and refuses an implausible one; a reducer refused in at least `rounds` rounds within `window` is
   excluded (an honest reducer returns a weighted mean of what it was sent: never 100x off).
@@ -21,7 +22,8 @@ doubles with each exclusion of the same peer: `base_seconds`, 2x, 4x... at most 
 evidence starts afresh; the count of exclusions is forgotten `max_seconds` after the last one ended.
 
 Before that, a peer with any evidence against it in the window (clipped once, a refused average, a capped claim) is
-a suspect: not refused anywhere, but asked last for the state. Why: a peer that falls behind downloads from whoever
+a suspect: not refused at join or in groups of three or more, but asked last for the state, and no partner in a
+state round of two (swarm/upstream/averager_gate.py). Why: a peer that falls behind downloads from whoever
 offers the newest state, and an attacker that is not excluded yet offers one (under DiLoCo, once the others stop
 averaging with it, its outer steps are its own, on its attack's pseudo-gradients): an honest DiLoCo peer ended at
 loss 6.02 against the clean run's 0.005 in one run of the attack benchmark's x -1e6 cell in four (docs/FAULTS.md).
@@ -118,7 +120,7 @@ class ExcludedPeer:
 
 @dataclass(frozen=True)
 class SuspectedPeer:
-    """A peer with evidence against it in the window, not enough to exclude it: refused nowhere, asked last for the
+    """A peer with evidence against it in the window, not enough to exclude it: asked last for the
     state (swarm/upstream/state_stream.py donor_order). The status shows it (`suspected_peers`)."""
 
     peer_id: str

@@ -289,8 +289,8 @@ def test_each_judged_round_reports_every_other_sender(tmp_path):
 
     def round_of(senders, clipped, sent):
         reducer = types.SimpleNamespace(
-            clipped_senders=lambda: clipped, values_sent=sent, outlier_values=[10 if i in clipped else 0 for i in
-                                                                                range(len(senders))],
+            clipped_senders=lambda: clipped, values_sent=sent,
+            outlier_values=[10 if i in clipped else 0 for i in range(len(senders))],
             clipped_by_sender=[1 if i in clipped else 0 for i in range(len(senders))], num_parts=1,
         )
         return types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=senders)
@@ -311,6 +311,135 @@ def test_each_judged_round_reports_every_other_sender(tmp_path):
         ((liar.to_base58(), True),),
     ]
     assert averager.outliers_clipped.value == 2
+
+
+def test_parameters_and_gradients_are_judged_over_the_whole_share(tmp_path):
+    """A state round (parameters) or a gradient round reports the senders far over this peer's whole share
+    (far_senders), not those clipped part by part: under local updates honest parameters differ by how far each peer
+    stepped since the last round, and part by part the attack benchmark's clean cells excluded honest peers, for
+    the tiny parts above all (swarm/upstream/state_averager.py). Every judged sender is reported, far or not."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
+    from swarmd.swarm.upstream.state_averager import RecordsRounds
+
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+
+    assert RecordsRounds.judges_whole_share and AdmittingGradientAverager.judges_whole_share
+    assert not AdmitsAllowedPeers.judges_whole_share and not OuterAverager.judges_whole_share  # DiLoCo: part by part
+    own, slow, level, liar = (PeerID(f"peer-{i}".encode()) for i in range(4))
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+
+    class StateAverager(RecordsRounds):  # the method alone: no process, no DHT
+        peer_id = None
+
+        def __del__(self):
+            pass
+
+    averager = StateAverager.__new__(StateAverager)
+    averager.outliers_clipped, averager._exclusions, averager.peer_id = mp.Value("q", 0), listed, own
+    reducer = types.SimpleNamespace(
+        clipped_senders=lambda: [1, 3], far_senders=lambda: [3], values_sent=[10] * 4,
+        outlier_values=[0, 10, 0, 10], clipped_by_sender=[0, 1, 0, 1], num_parts=1)
+    averager._count_outliers(
+        types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=[own, slow, level, liar]))
+    reports = []
+    for _ in range(50):
+        reports += listed.drain()
+        if reports:
+            break
+        time.sleep(0.1)
+    assert [senders for _, _, senders in reports] == [
+        ((slow.to_base58(), False), (level.to_base58(), False), (liar.to_base58(), True))]
+    assert averager.outliers_clipped.value == 2  # both were clipped in the aggregation all the same
+
+
+def test_far_over_the_whole_share_is_what_the_large_parts_say_not_a_tiny_one():
+    """far_senders: blatant (non-finite, or 100x this peer's own part), or further than SHARE_OUTLIER_RADII radii
+    over the whole share. A sender 200 radii off in a part of 3 values where the others happen to agree closely
+    (the logs' tiny parts: a bias, the last layer), by as much per value as the senders differ in the part of 1000,
+    is clipped there but not far; one 10 radii off in the large part is, as is a non-finite part anywhere."""
+    import torch
+
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation, CenteredClipReducer, _Sent
+
+    generator = torch.Generator().manual_seed(0)
+    centre_large, centre_tiny = torch.randn(1000, generator=generator), torch.randn(3, generator=generator)
+
+    def honest(size, centre):  # the large part's senders differ by 0.01 per value, the tiny part's by 1e-4
+        return centre + (0.01 if size > 3 else 1e-4) * torch.randn(size, generator=generator)
+
+    def far_senders(large_offsets, tiny_offsets, nan_in_tiny=()):
+        async def run():  # upstream's reducer is made inside the averager's event loop
+            reducer = CenteredClipReducer([torch.Size([1000]), torch.Size([3])], 5, Aggregation(), own_sender=0)
+            for index, (centre, offsets) in enumerate(((centre_large, large_offsets), (centre_tiny, tiny_offsets))):
+                reducer.current_part_index = index
+                parts = [honest(centre.numel(), centre) + offset for offset in offsets]
+                for sender in nan_in_tiny if index == 1 else ():
+                    parts[sender][0] = float("nan")
+                reducer.aggregate([_Sent(i, part) for i, part in enumerate(parts)], [1.0] * 5)
+            return reducer
+
+        reducer = asyncio.run(run())
+        return reducer.far_senders(), [i for i, n in enumerate(reducer.clipped_by_sender) if n]
+
+    far, clipped = far_senders([0, 0, 0, 0, 0], [0, 0, 0, 0, 0.02])
+    assert far == [] and 4 in clipped  # clipped in the tiny part, not far over the share
+    assert far_senders([0, 0, 0, 0, 0.01 * 10 * 31.6], [0] * 5)[0] == [4]  # ~10 radii off in the large part
+    assert far_senders([0] * 5, [0] * 5, nan_in_tiny=(2,))[0] == [2]
+
+
+def test_parameters_are_not_averaged_in_a_pair_with_a_suspect(tmp_path, monkeypatch):
+    """A state averager (parameters) refuses a group of two whose other member is a suspect: a pair's result is
+    their mean, so a quiet liar that other peers excluded would replace half of this peer's model every round. The
+    round's future is cancelled (the other's wait for this peer's parts ends at once). A group of three with the
+    suspect, a pair with a peer without evidence, and a gradient averager's pair average as before."""
+    from hivemind.averaging.group_info import GroupInfo
+    from hivemind.averaging.matchmaking import MatchmakingException
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
+    from swarmd.swarm.upstream.partial_rounds import ReportsPartialRounds
+    from swarmd.swarm.upstream.state_averager import RecordsRounds
+
+    own, suspect, clean = (PeerID(f"peer-{i}".encode()) for i in range(3))
+    listed = ExclusionList(tmp_path / EXCLUDED_FILE)
+    listed.start()
+    listed.publish([], suspects=[suspect.to_base58()])
+
+    async def upstream(self, group_info, min_vector_size, **kwargs):
+        return "averaged"
+
+    monkeypatch.setattr(ReportsPartialRounds, "_aggregate_with_group", upstream)
+
+    def averager_of(cls):
+        class Averager(cls):  # the method alone: no process, no DHT
+            peer_id = None
+
+            def __del__(self):
+                pass
+
+        averager = Averager.__new__(Averager)
+        averager._exclusions, averager.peer_id, averager._running_groups = listed, own, {}
+        return averager
+
+    async def round_with(averager, *others):
+        group = GroupInfo(b"group", (own, *others), (b"",) * (1 + len(others)))
+        averager._running_groups[group.group_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await averager._aggregate_with_group(group, 0)
+        finally:
+            assert averager._running_groups[group.group_id].cancelled() == (len(others) == 1 and suspect in others
+                                                                            and averager.avoids_pairs_with_suspects)
+
+    state = averager_of(RecordsRounds)
+    with pytest.raises(MatchmakingException, match="group of two with suspect"):
+        asyncio.run(round_with(state, suspect))
+    assert asyncio.run(round_with(state, suspect, clean)) == "averaged"
+    assert asyncio.run(round_with(state, clean)) == "averaged"
+    assert asyncio.run(round_with(averager_of(AdmitsAllowedPeers), suspect)) == "averaged"
 
 
 def test_in_a_pair_the_reducer_judges_the_other_sender_by_its_own_part():
@@ -336,6 +465,35 @@ def test_in_a_pair_the_reducer_judges_the_other_sender_by_its_own_part():
     assert clipped(-1000 * own, own_sender=0) == [0, 1]
     assert clipped(honest, own_sender=0) == [0, 0]
     assert clipped(-1000 * own, own_sender=None) == [0, 0]  # a client reduces: neither part is its own
+
+
+def test_a_blatant_part_is_non_finite_or_100x_this_peers_own_whatever_the_group_size():
+    """What a state round counts against a sender (swarm/upstream/state_averager.py): a part that is non-finite, or
+    further from this peer's own part than PAIR_OUTLIER_RATIO x its norm; a sender merely clipped (lagging, or a
+    sign flip at honest scale) is not blatant, and a client (no own part) finds only non-finite parts blatant."""
+    import torch
+
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation, CenteredClipReducer, _Sent
+
+    generator = torch.Generator().manual_seed(0)
+    own = torch.randn(1000, generator=generator)
+    honest = [own + 0.1 * torch.randn(1000, generator=generator) for _ in range(2)]
+    reversed_steps, exploded, broken = own - 3.0, 1000 * own, own.clone()
+    broken[7] = float("nan")
+
+    def judged(own_sender):
+        async def run():  # upstream's reducer is made inside the averager's event loop
+            reducer = CenteredClipReducer([torch.Size([1000])], 6, Aggregation(), own_sender=own_sender)
+            parts = [own, *honest, reversed_steps, exploded, broken]
+            reducer.aggregate([_Sent(i, part) for i, part in enumerate(parts)], [1.0] * 6)
+            return reducer
+
+        reducer = asyncio.run(run())
+        return reducer.blatant_senders(), [i for i, n in enumerate(reducer.clipped_by_sender) if n]
+
+    blatant, clipped = judged(own_sender=0)
+    assert blatant == [4, 5] and clipped == [3, 4, 5]  # the reversed steps: clipped, not blatant
+    assert judged(own_sender=None)[0] == [5]
 
 
 def test_the_status_view_names_an_excluded_peer_its_evidence_and_the_time_left():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
+from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 
@@ -61,6 +62,8 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
     # robust reduction of its share, swarm/upstream/robust_aggregation.py)
     _allow_list = None
     _exclusions = None
+    # True where this peer does not average in a group of two with a suspect (swarm/upstream/state_averager.py)
+    avoids_pairs_with_suspects = False
 
     def __init__(self, *args, **kwargs):
         # taken before the averager's process starts (inside upstream's __init__) and carried as an attribute, so the
@@ -69,12 +72,26 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
         self._exclusions = exclusion.installed()
         super().__init__(*args, **kwargs)
 
+    async def _aggregate_with_group(self, group_info, min_vector_size, **kwargs):
+        other = [peer for peer in group_info.peer_ids if peer != self.peer_id]
+        if self.avoids_pairs_with_suspects and len(other) == 1 and self._exclusions is not None:
+            if self._exclusions.suspected(other[0].to_base58()):
+                # a pair's result is the mean of the two (neither can be told the liar): with a peer that has
+                # evidence against it, this peer keeps its own values; cancelling the round's future ends the
+                # other's wait for this peer's parts at once
+                running = self._running_groups.get(group_info.group_id)
+                if running is not None:
+                    running.cancel()
+                raise MatchmakingException(f"not averaging in a group of two with suspect {other[0]} (evidence "
+                                           "against it in the exclusion window; a pair cannot outvote a liar)")
+        return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+
     def _count_outliers(self, runner) -> None:
         super()._count_outliers(runner)
         if self._exclusions is None:
             return
         reducer = runner.tensor_part_reducer
-        clipped = set(reducer.clipped_senders())
+        clipped = set(reducer.far_senders() if self.judges_whole_share else reducer.clipped_senders())
         total = len(runner.sender_peer_ids)
         judged = total >= MIN_SENDERS_TO_JUDGE or (total == 2 and self.peer_id in runner.sender_peer_ids)
         senders = [(peer.to_base58(), index in clipped) for index, peer in enumerate(runner.sender_peer_ids)

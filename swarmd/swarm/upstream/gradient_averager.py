@@ -20,6 +20,10 @@ class AdmittingGradientAverager(UpstreamRpcNames, GradientAverager, AdmitsAllowe
 
     _upstream = GradientAverager
     round_weight: Optional[float] = None  # None: the samples accumulated, as upstream; catching up: CATCHING_UP_WEIGHT
+    # evidence judged over this peer's whole share, as for parameters (robust_aggregation.py SHARE_OUTLIER_RADII): part
+    # by part, honest gradients were clipped in the tiny parts (a bias, a last layer of 64 values) of the attack
+    # benchmark's sync cells, and an honest peer was excluded in its clean and x -1e6 cells (2026-12-06)
+    judges_whole_share = True
 
     def __init__(self, *args, **kwargs):
         # every peer's gradient round is triggered by the same event (the swarm's epoch end), so a leader whose round
