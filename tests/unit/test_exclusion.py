@@ -266,6 +266,31 @@ def test_an_excluded_peer_is_no_state_source_and_no_leader(tmp_path):
     assert listed.refusals()["state_source"] == 1 and listed.refusals()["leader"] == 1
 
 
+def _method_only(cls, listed, own):
+    """An averager of `cls` with its methods alone (no process, no DHT), reporting its evidence to `listed`."""
+
+    class Averager(cls):
+        peer_id = None
+
+        def __del__(self):
+            pass
+
+    averager = Averager.__new__(Averager)
+    averager.outliers_clipped, averager._exclusions, averager.peer_id = mp.Value("q", 0), listed, own
+    return averager
+
+
+def _drained(listed, count: int) -> list:
+    """The reports the averagers' processes sent, once `count` of them came (or 5 s passed)."""
+    reports = []
+    for _ in range(50):
+        reports += listed.drain()
+        if len(reports) >= count:
+            break
+        time.sleep(0.1)
+    return reports
+
+
 def test_each_judged_round_reports_every_other_sender(tmp_path):
     """What an averager sends after a round of its share (swarm/upstream/averager_gate.py): every other sender that sent a
     part, with whether it was clipped, from a round of three or more, or of two with this peer one of them (its own
@@ -278,14 +303,7 @@ def test_each_judged_round_reports_every_other_sender(tmp_path):
     listed = ExclusionList(tmp_path / EXCLUDED_FILE)
     listed.start()
 
-    class Averager(AdmitsAllowedPeers):  # the method alone: no process, no DHT
-        peer_id = None
-
-        def __del__(self):
-            pass
-
-    averager = Averager.__new__(Averager)
-    averager.outliers_clipped, averager._exclusions, averager.peer_id = mp.Value("q", 0), listed, own
+    averager = _method_only(AdmitsAllowedPeers, listed, own)
 
     def round_of(senders, clipped, sent):
         reducer = types.SimpleNamespace(
@@ -299,12 +317,7 @@ def test_each_judged_round_reports_every_other_sender(tmp_path):
     averager._count_outliers(round_of([own, liar], [], [10, 10]))  # a pair with this peer: judged
     averager._count_outliers(round_of([honest, liar], [], [10, 10]))  # a client's pair: nobody told apart
     averager._count_outliers(round_of([honest, liar], [1], [10, 10]))  # ...but a non-finite part counts
-    reports = []
-    for _ in range(50):
-        reports += listed.drain()
-        if len(reports) == 3:
-            break
-        time.sleep(0.1)
+    reports = _drained(listed, 3)
     assert [senders for _, _, senders in reports] == [
         ((honest.to_base58(), False), (liar.to_base58(), True)),
         ((liar.to_base58(), False),),
@@ -332,25 +345,13 @@ def test_parameters_and_gradients_are_judged_over_the_whole_share(tmp_path):
     listed = ExclusionList(tmp_path / EXCLUDED_FILE)
     listed.start()
 
-    class StateAverager(RecordsRounds):  # the method alone: no process, no DHT
-        peer_id = None
-
-        def __del__(self):
-            pass
-
-    averager = StateAverager.__new__(StateAverager)
-    averager.outliers_clipped, averager._exclusions, averager.peer_id = mp.Value("q", 0), listed, own
+    averager = _method_only(RecordsRounds, listed, own)
     reducer = types.SimpleNamespace(
         clipped_senders=lambda: [1, 3], far_senders=lambda: [3], values_sent=[10] * 4,
         outlier_values=[0, 10, 0, 10], clipped_by_sender=[0, 1, 0, 1], num_parts=1)
     averager._count_outliers(
         types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=[own, slow, level, liar]))
-    reports = []
-    for _ in range(50):
-        reports += listed.drain()
-        if reports:
-            break
-        time.sleep(0.1)
+    reports = _drained(listed, 1)
     assert [senders for _, _, senders in reports] == [
         ((slow.to_base58(), False), (level.to_base58(), False), (liar.to_base58(), True))]
     assert averager.outliers_clipped.value == 2  # both were clipped in the aggregation all the same
@@ -415,14 +416,8 @@ def test_parameters_are_not_averaged_in_a_pair_with_a_suspect(tmp_path, monkeypa
     monkeypatch.setattr(ReportsPartialRounds, "_aggregate_with_group", upstream)
 
     def averager_of(cls):
-        class Averager(cls):  # the method alone: no process, no DHT
-            peer_id = None
-
-            def __del__(self):
-                pass
-
-        averager = Averager.__new__(Averager)
-        averager._exclusions, averager.peer_id, averager._running_groups = listed, own, {}
+        averager = _method_only(cls, listed, own)
+        averager._running_groups = {}
         return averager
 
     async def round_with(averager, *others):
