@@ -280,9 +280,9 @@ class CenteredClipReducer(TensorPartReducer):
         SHARE_OUTLIER_RADII), where a part of a few values says little and a sender's distance in the large parts
         is what sets it apart."""
         bound = SHARE_OUTLIER_RADII**2 * self.squared_radii
-        return [sender for sender, (blatant, squared) in enumerate(zip(self.blatant_by_sender,
-                                                                        self.squared_distance_by_sender))
-                if blatant or (bound > 0 and squared > bound)]
+        blatant = set(self.blatant_senders())
+        return [sender for sender, squared in enumerate(self.squared_distance_by_sender)
+                if sender in blatant or (bound > 0 and squared > bound)]
 
     def clipped_senders(self) -> list[int]:
         """The senders that were outliers in more than OUTLIER_SHARE of the values they sent this round."""
@@ -325,21 +325,20 @@ class CenteredClipReducer(TensorPartReducer):
         far = self._judged_by_own_part(sent)
         if len(sent) == 2 and not any(clipped):
             clipped = far
-        clipped = _not_against_the_negligible(parts, weights, clipped)
-        blatant = _not_against_the_negligible(
-            parts, weights, [f or not bool(torch.isfinite(part).all()) for f, part in zip(far, parts)])
-        negligible = [not flag for flag in _not_against_the_negligible(parts, weights, [True] * len(parts))]
-        for index, (one, was_clipped, was_blatant) in enumerate(zip(sent, clipped, blatant)):
+        finite = [bool(torch.isfinite(part).all()) for part in parts]
+        negligible = _negligible(finite, weights)
+        for index, one in enumerate(sent):
             self.values_sent[one.sender] += shape.numel()
-            self.blatant_by_sender[one.sender] += was_blatant
-            if spread is not None and not negligible[index]:
+            if negligible[index]:  # it cannot move the result: nothing against it (NEGLIGIBLE_WEIGHT_SHARE)
+                continue
+            self.blatant_by_sender[one.sender] += far[index] or not finite[index]
+            if spread is not None:
                 self.squared_distance_by_sender[one.sender] += spread.distances[index] ** 2
-            if was_clipped:
+            if clipped[index]:
                 self.clipped_by_sender[one.sender] += 1
                 self.outlier_values[one.sender] += shape.numel()
         if spread is not None:
             self.squared_radii += spread.radius**2
-
 
     def _judged_by_own_part(self, sent: list[_Sent]) -> list[bool]:
         """Each sender's flag by this peer's own part, where this peer is a sender: further than PAIR_OUTLIER_RATIO
@@ -356,12 +355,12 @@ class CenteredClipReducer(TensorPartReducer):
                 and float(torch.linalg.vector_norm(one.tensor.reshape(-1).float() - own)) > bound for one in sent]
 
 
-def _not_against_the_negligible(parts, weights, clipped: list[bool]) -> list[bool]:
-    """`clipped` without the finite parts whose senders weigh next to nothing (NEGLIGIBLE_WEIGHT_SHARE)."""
+def _negligible(finite: list[bool], weights) -> list[bool]:
+    """For each sender: a finite part whose sender weighs next to nothing (NEGLIGIBLE_WEIGHT_SHARE): no evidence
+    against it, whatever it sent."""
     heaviest = max((float(w) for w in weights if math.isfinite(float(w))), default=0.0)
-    return [flag and not (math.isfinite(float(w)) and float(w) <= NEGLIGIBLE_WEIGHT_SHARE * heaviest
-                          and bool(torch.isfinite(part).all()))
-            for part, w, flag in zip(parts, weights, clipped)]
+    return [is_finite and math.isfinite(float(w)) and float(w) <= NEGLIGIBLE_WEIGHT_SHARE * heaviest
+            for is_finite, w in zip(finite, weights)]
 
 
 def implausible_return(sent: torch.Tensor, delta: torch.Tensor, floor: float) -> str:

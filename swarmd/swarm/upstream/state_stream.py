@@ -400,7 +400,6 @@ async def _read_positions(reader: asyncio.StreamReader, timeout: float):
     return MSGPackSerializer.loads(await _read_frame(reader, timeout, MAX_FRAME_HEADER))
 
 
-
 def unusable_state(loaded) -> str:
     """Why a donor's (metadata, tensors) cannot be taken, or "": the shape hivemind expects, and every tensor finite
     (the parameters, the optimizer's statistics and DiLoCo's outer momentum alike: one NaN poisons the peer)."""
