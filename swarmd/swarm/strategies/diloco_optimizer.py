@@ -49,6 +49,7 @@ from hivemind.utils import get_dht_time
 
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
+from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
 from swarmd.swarm.upstream.diloco_state import DiLoCoStateAverager
 from swarmd.swarm.upstream.outer_round import (
     OuterAverager,
@@ -100,6 +101,7 @@ class DiLoCoOptimizer(ReadsItsParts):
     # evaluates nor checkpoints under that epoch, and nobody downloads it
     catching_up = False
     _said_alone = False  # the last outer step's log said this peer was alone
+    _statistics_unchecked = False  # a download's inner statistics, until the next inner step checked them
     # What construction starts (threads, averager processes), in the order it shuts them down
     _RUNNING_PARTS = ("outer_averager", "tracker", "state_averager")
 
@@ -174,7 +176,7 @@ class DiLoCoOptimizer(ReadsItsParts):
         )
         self.state_averager = start_state_averager(
             DiLoCoStateAverager, self.settings, averager_keys.DILOCO_STATE,  # never a sync peer's of the same run_id
-            averaging_log=self.averaging_log, on_state_loaded=self.downloads.count, state_stream=state_stream,
+            averaging_log=self.averaging_log, on_state_loaded=self._state_loaded, state_stream=state_stream,
             offload_optimizer=True,  # the outer state lives on the host
             status_loglevel=status_loglevel, auxiliary=False,
             optimizer=_outer_sgd(outer_lr, outer_momentum, nesterov), params=param_groups, scheduler=None,
@@ -188,6 +190,10 @@ class DiLoCoOptimizer(ReadsItsParts):
         )
         if options:
             raise TypeError(f"DiLoCoOptimizer got unexpected arguments: {sorted(options)}")
+
+    def _state_loaded(self) -> None:
+        self.downloads.count()
+        self._statistics_unchecked = True
 
     def _start_round_bookkeeping(self) -> None:
         """What the outer rounds keep from one inner step to the next, before the first."""
@@ -260,6 +266,10 @@ class DiLoCoOptimizer(ReadsItsParts):
             return loss
         clip_local_gradients(self.param_groups, self.clip_local_grad_norm)
         with averager.state_lock, averager.lock_optimizer:  # the inner state and round_steps are served together
+            if self._statistics_unchecked:  # the donor's alone: checked against this peer's own first gradient
+                self._statistics_unchecked = False
+                gradients = [param.grad for group in self.param_groups for param in group["params"]]
+                restart_implausible_statistics(self.inner_optimizer, gradients)
             self.inner_optimizer.step()
             averager.count_inner_step()
         self._round_samples += batch_size

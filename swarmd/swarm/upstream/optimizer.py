@@ -34,6 +34,7 @@ from hivemind.optim import Optimizer
 
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
+from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
 from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.peer_parts import (
@@ -75,6 +76,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
     # rounds. Its gradients keep their weight (taken at the swarm's parameters, or a step from them, as upstream
     # allows), and it still serves downloads: refusing could leave a newcomer nobody to download from.
     inexact_state = False
+    # True from a download under local updates until this peer's next step has checked the optimizer statistics
+    # that came with it against its own gradient (swarm/downloaded_statistics.py)
+    _statistics_unchecked = False
 
     def __init__(
         self,
@@ -130,6 +134,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         # a scaled, accumulating .grad (grad_scaler) is refused by the config: clipping it would clip a partial sum
         if grad_scaler is None and not self.auxiliary:
             clip_local_gradients(self.param_groups, self.clip_local_grad_norm)
+            if self._statistics_unchecked:
+                self._check_downloaded_statistics()
         loss = super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
         if self.client_mode:  # a client offers its state through forwarders (state_forward.py), as the others serve
             self.state_averager.offer_state_as_client(None if self.catching_up else self.local_epoch)
@@ -171,6 +177,15 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.downloads.count()
         self._downloads_since_global_step += 1
         self._refreshes_since_download = 0
+        # under local updates the statistics are the donor's alone: checked at this peer's next step
+        self._statistics_unchecked = self.use_local_updates
+
+    def _check_downloaded_statistics(self) -> None:
+        self._statistics_unchecked = False
+        averager = self.state_averager
+        with averager.lock_optimizer:
+            gradients = [param.grad for param in averager.main_parameters]
+            restart_implausible_statistics(averager.optimizer, gradients)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         began = super()._begin_averaging_gradients(grad_scaler)
