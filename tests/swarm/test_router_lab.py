@@ -161,6 +161,8 @@ def test_a_home_peer_with_a_port_forward_and_announce_maddrs_is_reached_directly
 SWARMS = {
     "sync": ((), (), "gradients", 3),
     "diloco": (("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"), (), "outer", 3),
+    # parameters averaged at every epoch's end: the state averager's rounds, the clients' parts reduced by the public peer
+    "local-updates": (("--set", "swarm.use_local_updates=true", "--set", "swarm.average_state_every=1"), (), "state", 3),
     # the only reachable peer does not train: it reduces for the two clients all the same
     "auxiliary-contact": ((), ("--auxiliary",), "gradients", 2),
 }
