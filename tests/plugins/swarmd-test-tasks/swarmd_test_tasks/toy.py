@@ -45,6 +45,7 @@ class ToySettings(StrictModel):
         None, description="Frozen until this file exists; it holds the first global epoch to train at."
     )
     frozen_step_seconds: float = Field(0.5, ge=0, description="Pause per step while frozen.")
+    step_seconds: float = Field(0.0, ge=0, description="Pause per step once it trains (pacing: peers on few cores).")
     shard: Optional[ShardConfig] = None
     start_file: Optional[str] = Field(None, description="Wait for this file to exist before the first batch.")
     dataset_file: Optional[str] = Field(
@@ -145,6 +146,8 @@ class ToyRegressionTask(Task):
 
         if self.settings.frozen_step_seconds and self.epoch < self.first_trained_epoch():
             time.sleep(self.settings.frozen_step_seconds)
+        elif self.settings.step_seconds:
+            time.sleep(self.settings.step_seconds)
         x, y = batch
         loss = torch.nn.functional.mse_loss(model(x), y)
         if self.settings.trace_path:
