@@ -107,9 +107,11 @@ class SnapshotDiff:
         self._eval_epoch: Optional[int] = None
         self._step_bucket: Optional[int] = None
 
-    def records(self, snapshot: Snapshot) -> Iterator[tuple[dict[str, float], int, str]]:
+    def records(self, snapshot: Snapshot, *, stopping: bool = False) -> Iterator[tuple[dict[str, float], int, str]]:
+        """`stopping`: the daemon's last look, in state "stopping", of a peer that was training"""
         epoch = snapshot.local_epoch
-        if epoch is None or snapshot.state != "training":
+        trained = snapshot.state == "training" or (stopping and self._epoch is not None)
+        if epoch is None or not trained:
             return
         first = self._epoch is None
         # the worker reads the epoch's learning rates and gradient norm just after the optimizer's epoch changed: a
@@ -165,8 +167,13 @@ class TrackingExtension(Extension):
     async def tick(self, view: DaemonView, snapshot: Snapshot) -> None:
         self.observe(snapshot)
 
-    def observe(self, snapshot: Snapshot) -> None:
-        for scalars, step, axis in self.diff.records(snapshot):
+    def stopping(self, view: DaemonView) -> None:
+        # The epoch a run stops at (training.max_epochs) comes a moment before the stop: with no tick in between,
+        # its records were lost (CI, 2026-12-06: epochs 0-5 logged of 0-6)
+        self.observe(view.snapshot(), stopping=True)
+
+    def observe(self, snapshot: Snapshot, *, stopping: bool = False) -> None:
+        for scalars, step, axis in self.diff.records(snapshot, stopping=stopping):
             self.fanout.log(scalars, step, axis)
 
     def snapshot_fields(self) -> dict[str, Any]:

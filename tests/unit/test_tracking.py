@@ -132,6 +132,34 @@ def test_an_epoch_is_logged_once_the_worker_has_read_its_learning_rate_and_gradi
     assert records[0]["lr/group_0"] == pytest.approx(lr_at(4)) and records[0]["loss_metrics/grad_norm"] == 0.5
 
 
+def test_the_epoch_a_run_stops_at_is_logged_on_the_way_out():
+    """training.max_epochs: the worker reaches the last epoch and stops before any tick saw it in "training"."""
+    diff = SnapshotDiff(log_every_steps=0)
+    list(diff.records(snapshot(5)))
+    last = snapshot(6, state="stopping")
+    assert list(diff.records(last)) == []  # a tick in "stopping" logs nothing...
+    records = list(diff.records(last, stopping=True))  # ...the stopping hook does
+    assert [(step, axis) for scalars, step, axis in records if "swarm/local_epoch" in scalars] == [(6, "epoch")]
+    assert ({"loss_metrics/epoch_avg_loss": loss_of(5)}, 5, "epoch") in records
+    assert list(SnapshotDiff(log_every_steps=0).records(last, stopping=True)) == []  # a peer that never trained
+
+
+def test_the_extensions_stopping_hook_logs_the_last_epoch(tmp_path):
+    class View:  # the daemon's view, as the stopping hook gets it: the snapshot is read by calling it
+        def snapshot(self):
+            return snapshot(EPOCHS, state="stopping")
+
+    recording = Recording()
+    extension = TrackingExtension(tracking_config(tmp_path), backends=[recording])
+    extension.ready(None)
+    for epoch in range(EPOCHS):
+        extension.observe(snapshot(epoch))
+    extension.stopping(View())
+    asyncio.run(extension.close())
+    logged = sorted({step for step, axis, scalars in recording.records if "swarm/local_epoch" in scalars})
+    assert logged == list(range(EPOCHS + 1))
+
+
 # --- TensorBoard ----------------------------------------------------------------------------------------------
 
 
