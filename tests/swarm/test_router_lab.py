@@ -216,11 +216,11 @@ def test_a_home_peer_reaches_every_public_peer_not_only_its_initial_one(lab, lab
     assert f"Dialed peer {second.status()['peer_id']}" in home.log
 
 
-# what each strategy averages before a checkpoint: every gradient (sync), the parameters at each epoch's end (local
-# updates), the pseudo-gradients at each outer step (DiLoCo)
+# what each strategy averages before a checkpoint: every gradient (sync), the pseudo-gradients at each outer step
+# (DiLoCo). Not local updates: a peer there may reach the last epoch by a download and stop before any state round
+# at it (in CI a home peer ended 0.137 from the public model, an epoch's move 0.128; docs/NAT.md)
 ONE_MODEL_SWARMS = {
     "sync": (),
-    "local-updates": ("--set", "swarm.use_local_updates=true", "--set", "swarm.average_state_every=1"),
     "diloco": ("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"),
 }
 

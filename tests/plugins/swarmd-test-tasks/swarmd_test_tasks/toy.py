@@ -144,10 +144,10 @@ class ToyRegressionTask(Task):
     def training_step(self, model, batch) -> StepOutput:
         import torch
 
-        if self.settings.frozen_step_seconds and self.epoch < self.first_trained_epoch():
-            time.sleep(self.settings.frozen_step_seconds)
-        elif self.settings.step_seconds:
-            time.sleep(self.settings.step_seconds)
+        frozen = self.epoch < self.first_trained_epoch()
+        pause = self.settings.frozen_step_seconds if frozen else self.settings.step_seconds
+        if pause:
+            time.sleep(pause)
         x, y = batch
         loss = torch.nn.functional.mse_loss(model(x), y)
         if self.settings.trace_path:
