@@ -217,8 +217,9 @@ def test_a_home_peer_reaches_every_public_peer_not_only_its_initial_one(lab, lab
 
 
 # what each strategy averages before a checkpoint: every gradient (sync), the pseudo-gradients at each outer step
-# (DiLoCo). Not local updates: a peer there may reach the last epoch by a download and stop before any state round
-# at it (in CI a home peer ended 0.137 from the public model, an epoch's move 0.128; docs/NAT.md)
+# (DiLoCo). Not local updates: each peer stops when its own epoch reaches the last, and one whose epoch lags steps
+# alone after the others stopped (in CI the public peer reached epoch 3 12 s after the home peers: 0.137 apart,
+# an epoch's move 0.128; docs/NAT.md)
 ONE_MODEL_SWARMS = {
     "sync": (),
     "diloco": ("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"),
