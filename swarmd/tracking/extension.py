@@ -107,10 +107,10 @@ class SnapshotDiff:
         self._eval_epoch: Optional[int] = None
         self._step_bucket: Optional[int] = None
 
-    def records(self, snapshot: Snapshot, *, stopping: bool = False) -> Iterator[tuple[dict[str, float], int, str]]:
-        """`stopping`: the daemon's last look, in state "stopping", of a peer that was training"""
+    def records(self, snapshot: Snapshot) -> Iterator[tuple[dict[str, float], int, str]]:
         epoch = snapshot.local_epoch
-        trained = snapshot.state == "training" or (stopping and self._epoch is not None)
+        # "stopping": the daemon's last look (its ticks have ended) at a peer that was training
+        trained = snapshot.state == "training" or (snapshot.state == "stopping" and self._epoch is not None)
         if epoch is None or not trained:
             return
         first = self._epoch is None
@@ -170,10 +170,10 @@ class TrackingExtension(Extension):
     def stopping(self, view: DaemonView) -> None:
         # The epoch a run stops at (training.max_epochs) comes a moment before the stop: with no tick in between,
         # its records were lost (CI, 2026-12-06: epochs 0-5 logged of 0-6)
-        self.observe(view.snapshot(), stopping=True)
+        self.observe(view.snapshot())
 
-    def observe(self, snapshot: Snapshot, *, stopping: bool = False) -> None:
-        for scalars, step, axis in self.diff.records(snapshot, stopping=stopping):
+    def observe(self, snapshot: Snapshot) -> None:
+        for scalars, step, axis in self.diff.records(snapshot):
             self.fanout.log(scalars, step, axis)
 
     def snapshot_fields(self) -> dict[str, Any]:
