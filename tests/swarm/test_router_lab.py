@@ -2,10 +2,11 @@
 
 A public peer on the lab's "internet" and home peers behind routers that drop every unsolicited inbound connection
 (one router, or a router behind the carrier's NAT: two layers): nobody can dial the home peers back, so they join as
-clients and train in the public peer's groups (sync, local updates, DiLoCo, or with an auxiliary public peer) and end
-holding one model with it, saying how they are reached in one line (docs/NAT.md). A home peer whose router forwards
-swarmd's port, announcing the router's address, is reached directly instead. The toy task at LR 0 (but in the test
-of the model the peers end with), paced, so that three peers fit on two cores; all start at epoch 0 together (a start file), to be in step.
+clients and train in the public peer's groups (sync, local updates, DiLoCo, or with an auxiliary public peer), under
+sync and DiLoCo ending with its model, saying how they are reached in one line (docs/NAT.md). A home peer whose
+router forwards swarmd's port, announcing the router's address, is reached directly instead. The toy task at LR 0
+(but in the test of the model the peers end with), paced, so that three peers fit on two cores; all start at
+epoch 0 together (a start file), to be in step.
 
 Needs root, iproute2 and nftables: skipped with the reason otherwise; a missing tool fails it under
 SWARMD_REQUIRE_TOOLS=1 (as .ci/run runs, which installs nftables).
@@ -161,8 +162,10 @@ def test_a_home_peer_with_a_port_forward_and_announce_maddrs_is_reached_directly
 SWARMS = {
     "sync": ((), (), "gradients", 3),
     "diloco": (("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"), (), "outer", 3),
-    # parameters averaged at every epoch's end: the state averager's rounds, the clients' parts reduced by the public peer
-    "local-updates": (("--set", "swarm.use_local_updates=true", "--set", "swarm.average_state_every=1"), (), "state", 3),
+    # parameters averaged at every epoch's end: state rounds, the clients' parts reduced by the public peer
+    "local-updates": (
+        ("--set", "swarm.use_local_updates=true", "--set", "swarm.average_state_every=1"), (), "state", 3,
+    ),
     # the only reachable peer does not train: it reduces for the two clients all the same
     "auxiliary-contact": ((), ("--auxiliary",), "gradients", 2),
 }
