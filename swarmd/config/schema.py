@@ -196,6 +196,12 @@ class AggregationConfig(StrictModel):
         "the senders' lower median weight: one sender claiming 100x the samples cannot set the average. Raise it "
         "in a swarm of very different machines (a GPU peer beside CPU peers); 0: weights as claimed.",
     )
+    judge_direction: bool = Field(
+        True, description="Count a sender whose update (gradients, DiLoCo's pseudo-gradients) points away from the "
+        "round's result over this peer's share (cosine below 0) as an outlier in that round, as if clipped: a sign "
+        "flip at honest scale stays within the clip radius. The result is the same either way. Off where honest "
+        "peers' data differ so much that their updates disagree.",
+    )
 
 
 class ExclusionConfig(StrictModel):

@@ -73,7 +73,8 @@ COUNTERS: tuple[tuple[str, str, Callable[[Snapshot], Optional[float]]], ...] = (
      "or of the parameters alone after a download the swarm outran.",
      lambda s: s.state_loads_total),
     ("swarmd_aggregation_outliers_clipped", "Senders this peer's share of an averaging round clipped as outliers "
-     "(robust aggregation, swarm.aggregation), one per sender and round: the evidence against a peer that lies.",
+     "or found pulling against the result (robust aggregation, swarm.aggregation), one per sender and round: the "
+     "evidence against a peer that lies.",
      lambda s: s.outliers_clipped_total),
     ("swarmd_state_forwarded_bytes", "Bytes of the state of peers behind NAT (clients) this peer forwarded to joiners "
      "that could not reach them: what it pays for their joins.", lambda s: s.state_forwarded_bytes_total),

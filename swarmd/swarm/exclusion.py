@@ -6,7 +6,9 @@ The evidence:
   sender and whether it was clipped as an outlier there: rounds of three or more senders, and of two when this peer
   is one of them (its own part the reference, robust_aggregation.py PAIR_OUTLIER_RATIO); another pair reports only
   a non-finite part (nobody can be told apart); a state round judges each member over this peer's whole share
-  (parameters differ by how far each peer stepped alone: swarm/upstream/state_averager.py). A sender is excluded
+  (parameters differ by how far each peer stepped alone: swarm/upstream/state_averager.py); in a gradient or
+  DiLoCo outer round, an update pointing away from the result counts as clipped (robust_aggregation.py
+  OPPOSED_COSINE: a sign flip at honest scale, which the clip radius keeps). A sender is excluded
   once it was clipped in at least `rounds` rounds within `window` seconds AND in more than `share` of the rounds it
   sent to this peer's share in that window: a liar is clipped in every round, an honest peer seldom and never in
   most (one clipped part, or a rare bad round in a long run, is no evidence).
@@ -456,8 +458,9 @@ class Exclusions(Extension):
 
 def _evidence_text(made: ExcludedPeer, policy: ExclusionPolicy) -> str:
     if made.reason == "clipped":
-        return (f"robust aggregation clipped it as an outlier in {made.clipped_rounds} of the {made.rounds_seen} "
-                f"rounds it sent to this peer's share in the last {policy.window:.0f} s")
+        return (f"robust aggregation clipped it as an outlier (or found its update pulling against the result) in "
+                f"{made.clipped_rounds} of the {made.rounds_seen} rounds it sent to this peer's share in the last "
+                f"{policy.window:.0f} s")
     if made.reason == "returned":
         return (f"this peer refused the average it returned for its share in {made.returned_rounds} rounds in the "
                 f"last {policy.window:.0f} s")

@@ -10,6 +10,7 @@
 
 import re
 import statistics
+import time
 
 import pytest
 import torch
@@ -164,6 +165,67 @@ def test_without_the_check_the_lying_reducer_sets_its_share(dhts, monkeypatch):
     errors = [_relative_error(result, mean, signal) for result in results]
     print(f"\nunchecked: honest results off the three's mean by {errors} of the signal's norm")
     assert min(errors) > 100, errors  # a third of the vector x1000
+
+
+def _round_with_a_sign_flipper(dhts, prefix: str, aggregation: Aggregation, tmp_path) -> list:
+    """One all-reduce: two honest swarmd averagers of noisy updates (noise of the signal's norm) and a plain hivemind
+    peer (client mode) that sends its own update sign-flipped, at honest scale; the rounds the honest reducers
+    reported (swarm/exclusion.py's evidence, through the queue their processes share with this one)."""
+    from hivemind.averaging import DecentralizedAverager
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+
+    class JudgedAsGradients(OuterAverager):
+        judges_whole_share = True  # as the gradient averager judges: distances over the share, not part by part
+
+    generator = torch.Generator().manual_seed(1)
+    signal = torch.randn(SIZE, generator=generator)
+    honest = [signal + torch.randn(SIZE, generator=generator) for _ in range(2)]
+    flipped = -(signal + torch.randn(SIZE, generator=generator))
+    # parts of 4000 values: each honest peer reduces about half of the vector (at hivemind's default part size the
+    # vector is one part, reduced by one of them)
+    settings = dict(prefix=prefix, target_group_size=3, min_group_size=3, min_matchmaking_time=2.0,
+                    request_timeout=1.0, start=True, part_size_bytes=16_000)
+    listed = ExclusionList(tmp_path / f"{prefix}.active")
+    listed.start()
+    exclusion.install(listed)  # what the daemon does before its averagers start
+    averagers = []
+    try:
+        for tensor, dht in zip(honest, dhts):
+            averagers.append(JudgedAsGradients(averaged_tensors=[tensor], dht=dht, aggregation=aggregation, **settings))
+        averagers.append(DecentralizedAverager([flipped], dhts[2], client_mode=True, **settings))
+        controls = [averager.step(wait=False, timeout=30) for averager in averagers]
+        assert [len(control.result(40)) for control in controls] == [3, 3, 3]
+        reports = []
+        for _ in range(200):  # each honest reducer reports once its round ended (its process, after the results)
+            reports += listed.drain()
+            if len(reports) >= 2:
+                return [senders for _, _, senders in reports]
+            time.sleep(0.1)
+        raise AssertionError(f"the honest reducers reported {reports}")
+    finally:
+        exclusion.install(None)
+        for averager in averagers:
+            averager.shutdown()
+
+
+def test_a_sign_flipping_peer_at_honest_scale_is_reported_for_pulling_against_the_round(dhts, tmp_path):
+    """A sign flip at honest scale stays within CenteredClip's radius (no outlier by distance), but what it sends
+    points away from the round's result over each honest reducer's share: each reports it as an outlier in the
+    round (the evidence that excludes it), and the other honest peer as none."""
+    liar = dhts[2].peer_id.to_base58()
+    for senders in _round_with_a_sign_flipper(dhts, "sign-flip", Aggregation(), tmp_path):
+        flags = dict(senders)
+        assert flags[liar] is True and list(flags.values()).count(True) == 1, senders
+
+
+def test_without_judging_direction_the_sign_flipper_is_no_outlier(dhts, tmp_path):
+    """The same round with `judge_direction` off: no evidence against the flipper, proof that the test above fails
+    without the check."""
+    for senders in _round_with_a_sign_flipper(dhts, "sign-flip-unjudged", Aggregation(judge_direction=False), tmp_path):
+        assert not any(flag for _, flag in senders), senders
 
 
 LIAR_TEST_LR = 0.01

@@ -357,6 +357,42 @@ def test_parameters_and_gradients_are_judged_over_the_whole_share(tmp_path):
     assert averager.outliers_clipped.value == 2  # both were clipped in the aggregation all the same
 
 
+def test_an_update_pulling_against_the_round_is_reported_as_an_outlier_where_updates_are_averaged(tmp_path):
+    """Gradient and DiLoCo outer rounds report a sender whose update pointed away from the result
+    (CenteredClipReducer.opposed_senders) as an outlier in that round, unless `judge_direction` is off; a state
+    round (parameters, which all point alike) never asks."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation
+    from swarmd.swarm.upstream.state_averager import RecordsRounds
+
+    assert AdmittingGradientAverager.judges_direction and OuterAverager.judges_direction
+    assert not RecordsRounds.judges_direction
+    own, honest, flipper = (PeerID(f"peer-{i}".encode()) for i in range(3))
+
+    def reported(cls, aggregation):
+        listed = ExclusionList(tmp_path / f"{cls.__name__}-{aggregation.judge_direction}")
+        listed.start()
+        averager = _method_only(cls, listed, own)
+        averager.aggregation = aggregation
+        reducer = types.SimpleNamespace(
+            clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: [2],
+            cosine_with_result=lambda sender: -0.5, values_sent=[10] * 3, outlier_values=[0] * 3,
+            clipped_by_sender=[0] * 3, num_parts=1)
+        averager._count_outliers(types.SimpleNamespace(tensor_part_reducer=reducer,
+                                                       sender_peer_ids=[own, honest, flipper]))
+        return [senders for _, _, senders in _drained(listed, 1)], averager.outliers_clipped.value
+
+    flagged = [((honest.to_base58(), False), (flipper.to_base58(), True))]
+    for cls in (AdmittingGradientAverager, OuterAverager):
+        assert reported(cls, Aggregation()) == (flagged, 1), cls
+        assert reported(cls, Aggregation(judge_direction=False))[0] == [
+            ((honest.to_base58(), False), (flipper.to_base58(), False))], cls
+    assert reported(RecordsRounds, Aggregation())[0] == [((honest.to_base58(), False), (flipper.to_base58(), False))]
+
+
 def test_far_over_the_whole_share_is_what_the_large_parts_say_not_a_tiny_one():
     """far_senders: blatant (non-finite, or 100x this peer's own part), or further than SHARE_OUTLIER_RADII radii
     over the whole share. A sender 200 radii off in a part of 3 values where the others happen to agree closely

@@ -253,3 +253,56 @@ def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():
         result, clipped = asyncio.run(clipped_with(negligible))
         assert clipped == [0, 0, 0, 0] and _relative_error(result, torch.stack(honest).mean(0), signal) < 0.05
     assert asyncio.run(clipped_with(64.0))[1] == [0, 0, 0, 1]
+
+
+def _reduced(parts, aggregation=Aggregation(), own_sender=None):
+    """A reducer of one part that every sender in `parts` sent once (at equal weights), after the round."""
+    from swarmd.swarm.upstream.robust_aggregation import _Sent
+
+    async def run():  # upstream's reducer makes asyncio objects: built inside a loop
+        reducer = CenteredClipReducer([parts[0].shape], len(parts), aggregation, own_sender=own_sender)
+        reducer.aggregate([_Sent(i, part) for i, part in enumerate(parts)], [64.0] * len(parts))
+        return reducer
+
+    return asyncio.run(run())
+
+
+def test_a_sign_flip_at_honest_scale_is_kept_by_the_clip_but_found_pulling_against_the_round():
+    """Gradients a little noisier than their mean (the honest senders' cosines with the result, ~0.7, are those of
+    the attack benchmark's sync cells): a sender that flips its own gradient stays within the clip radius and is no
+    outlier by distance, part by part or over the share, but what it sends points away from the result, where
+    every honest sender's points towards it. (Noisier still, its own noise in the result outweighs the flip: at
+    twice the signal's norm it is at +0.09, and does as little as the noise.)"""
+    signal, honest = _honest(3, noise=1.5)
+    flipped = -(signal + 1.5 * torch.randn(D, generator=torch.Generator().manual_seed(7)))
+    reducer = _reduced([*honest, flipped])
+    assert reducer.clipped_senders() == [] and reducer.far_senders() == []  # what the distances say: nothing
+    assert reducer.opposed_senders() == [3]
+    cosines = [reducer.cosine_with_result(sender) for sender in range(4)]
+    assert min(cosines[:3]) > 0.5 and cosines[3] < -0.1, cosines
+
+
+def test_honest_noise_a_zero_update_and_the_setting_off_are_never_opposed():
+    """Senders of pure noise (no common direction at all) are each part of the result they are judged against
+    (cosine ~1/sqrt(n) with their mean); a sender with nothing computed sends zeros (cosine 0); and with
+    judge_direction off nothing is judged."""
+    generator = torch.Generator().manual_seed(3)
+    noise = [torch.randn(D, generator=generator) for _ in range(5)]
+    reducer = _reduced([*noise, torch.zeros(D)])
+    assert reducer.opposed_senders() == []
+    assert min(reducer.cosine_with_result(sender) for sender in range(5)) > 0.2
+    assert reducer.cosine_with_result(5) == 0.0
+    signal, honest = _honest(3, noise=1.5)
+    assert _reduced([*honest, -signal], Aggregation()).opposed_senders() == [3]
+    assert _reduced([*honest, -signal], Aggregation(judge_direction=False)).opposed_senders() == []
+
+
+def test_in_a_pair_the_other_update_is_judged_by_the_direction_of_this_peers_own():
+    """A group of two with this peer: the result is their mean, so the other's part is judged against this peer's
+    own part; a flipped one points away from it, an honest one (as noisy) does not; a client's pair (this peer sent
+    nothing) is not judged."""
+    signal, (own, honest) = _honest(2, noise=1.5)
+    flipped = -(signal + 1.5 * torch.randn(D, generator=torch.Generator().manual_seed(7)))
+    assert _reduced([own, flipped], own_sender=0).opposed_senders() == [1]
+    assert _reduced([own, honest], own_sender=0).opposed_senders() == []
+    assert _reduced([own, flipped], own_sender=None).opposed_senders() == []

@@ -92,6 +92,7 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
             return
         reducer = runner.tensor_part_reducer
         clipped = set(reducer.far_senders() if self.judges_whole_share else reducer.clipped_senders())
+        clipped |= set(self.opposed_senders(runner))  # an update pulling against the round: an outlier there too
         total = len(runner.sender_peer_ids)
         judged = total >= MIN_SENDERS_TO_JUDGE or (total == 2 and self.peer_id in runner.sender_peer_ids)
         senders = [(peer.to_base58(), index in clipped) for index, peer in enumerate(runner.sender_peer_ids)

@@ -24,6 +24,7 @@ class AdmittingGradientAverager(UpstreamRpcNames, GradientAverager, AdmitsAllowe
     # by part, honest gradients were clipped in the tiny parts (a bias, a last layer of 64 values) of the attack
     # benchmark's sync cells, and an honest peer was excluded in its clean and x -1e6 cells (2026-12-06)
     judges_whole_share = True
+    judges_direction = True  # gradients: a sender pointing away from the result is an outlier (robust_aggregation.py)
 
     def __init__(self, *args, **kwargs):
         # every peer's gradient round is triggered by the same event (the swarm's epoch end), so a leader whose round

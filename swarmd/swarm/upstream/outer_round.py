@@ -32,6 +32,7 @@ class OuterAverager(UpstreamRpcNames, AdmitsAllowedPeers):
     which also says when a round returned only part of the average (swarm/upstream/partial_rounds.py)."""
 
     _upstream = DecentralizedAverager
+    judges_direction = True  # pseudo-gradients: one pointing away from the result is an outlier (robust_aggregation.py)
 
     def __init__(self, *args, **kwargs):
         # its buffers are this round's pseudo-gradients, nothing a joiner takes (it downloads the state averager's):

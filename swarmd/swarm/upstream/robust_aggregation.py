@@ -83,6 +83,20 @@ PAIR_OUTLIER_RATIO = 100.0
 # applied (this peer keeps its own values there, the round is partial: swarm/upstream/partial_rounds.py), and the reducer
 # is reported as evidence (swarm/exclusion.py, "returned").
 RETURN_RATIO = 100.0
+# Updates that pull against the round (gradients, DiLoCo's pseudo-gradients; `Aggregation.judge_direction`): a
+# sender whose part of this peer's share points away from the result there (cosine below OPPOSED_COSINE over the
+# share) is an outlier in that round. A sign flip at honest scale stays within the clip radius (a third of a group
+# of six flipping ended at 3x the clean loss, docs/FAULTS.md), but it points against what the others send. An honest
+# sender is part of the result it is judged against: even senders of pure noise are at cosine ~1/sqrt(n) with their
+# mean of n. Measured (the attack benchmark's sync and DiLoCo cells of 4 peers, 2026-12-06, every sender's cosine
+# over each honest reducer's share per round): honest senders at +0.28..+0.99 (a zero update, DiLoCo's with nothing
+# computed: 0), a sign-flipping sender at -0.87..-0.25 in every round of its sync cell. Where the senders' noise is
+# well above their common direction (twice its norm), a flipper's own noise in the result outweighs its flip and it
+# is not found (tests/unit/test_robust_aggregation.py). In a group of two with this peer the result is their mean:
+# the other's part is judged against this peer's own instead (two honest updates are at cosine |mean|^2 / (|mean|^2
+# + |noise|^2) > 0), so that a flipper that other honest peers excluded, and that meets this one in pairs, is found
+# there too. Parameters are not judged so: they all point alike.
+OPPOSED_COSINE = 0.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
 # CenteredClip (a second pass): see CenteredClipReducer.aggregate.
 EVIDENCE_WEIGHT_SPREAD = 1.5
@@ -101,6 +115,7 @@ class Aggregation:
     tau: float = 1.0
     iterations: int = 3
     max_weight_ratio: float = 2.0  # a sender's weight at most this x the senders' lower median weight; 0: uncapped
+    judge_direction: bool = True  # updates that point away from the result are evidence (OPPOSED_COSINE)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -267,6 +282,11 @@ class CenteredClipReducer(TensorPartReducer):
         # results, and the squared clip radii, for `far_senders`
         self.squared_distance_by_sender = [0.0] * num_senders
         self.squared_radii = 0.0
+        # over the same parts: each sender's dot product with the results, its squared norm and the results' (the
+        # parts it sent), for `opposed_senders`
+        self.dot_with_result_by_sender = [0.0] * num_senders
+        self.squared_norm_by_sender = [0.0] * num_senders
+        self.squared_result_by_sender = [0.0] * num_senders
         super().__init__(part_shapes, num_senders)
 
     def blatant_senders(self) -> list[int]:
@@ -283,6 +303,18 @@ class CenteredClipReducer(TensorPartReducer):
         blatant = set(self.blatant_senders())
         return [sender for sender, squared in enumerate(self.squared_distance_by_sender)
                 if sender in blatant or (bound > 0 and squared > bound)]
+
+    def opposed_senders(self) -> list[int]:
+        """The senders whose parts, over this peer's whole share, point away from the results of the parts with three
+        senders or more, or from this peer's own parts in a pair with it: cosine below OPPOSED_COSINE (the averagers
+        of updates ask: `AggregatesRobustly.judges_direction`)."""
+        return [sender for sender in range(self.num_senders) if self.cosine_with_result(sender) < OPPOSED_COSINE]
+
+    def cosine_with_result(self, sender: int) -> float:
+        """The cosine between what `sender` sent and the results (or this peer's own parts, in a pair), over the
+        judged parts it sent (0: nothing judged, or a zero part)."""
+        norms = self.squared_norm_by_sender[sender] * self.squared_result_by_sender[sender]
+        return self.dot_with_result_by_sender[sender] / math.sqrt(norms) if norms > 0 else 0.0
 
     def clipped_senders(self) -> list[int]:
         """The senders that were outliers in more than OUTLIER_SHARE of the values they sent this round."""
@@ -306,27 +338,33 @@ class CenteredClipReducer(TensorPartReducer):
         weights = capped_weights(weights, self.aggregation.max_weight_ratio)
         try:
             result, clipped, spread = _centered_clip(parts, weights, self.aggregation.tau, self.aggregation.iterations)
+            judged = result
             positive = [w for w in weights if w > 0]
             if positive and max(positive) > EVIDENCE_WEIGHT_SPREAD * min(positive):
                 # the evidence is judged with every sender counting alike: a sender weighed heavily (honestly or
                 # not) pulls the result its way and would make the others look like outliers
-                _, clipped, spread = _centered_clip(parts, [1.0 if w > 0 else 0.0 for w in weights],
-                                                    self.aggregation.tau, self.aggregation.iterations)
+                judged, clipped, spread = _centered_clip(parts, [1.0 if w > 0 else 0.0 for w in weights],
+                                                         self.aggregation.tau, self.aggregation.iterations)
         except Exception:  # a bug here must not hang the round: the part gets upstream's mean
             logger.exception("Robust aggregation failed; this part is the senders' weighted mean")
             total = sum(weights) or 1.0
             return sum(part.float().reshape(shape) * (weight / total) for part, weight in zip(parts, weights))
-        self._record_evidence(sent, weights, clipped, spread)
+        self._record_evidence(sent, weights, clipped, spread, judged)
         return result.reshape(shape)
 
-    def _record_evidence(self, sent: list[_Sent], weights, clipped: list[bool], spread: Optional[_Spread]) -> None:
-        """Counts, per sender, what this part says against it: clipped as an outlier, blatant, and how far."""
+    def _record_evidence(self, sent: list[_Sent], weights, clipped: list[bool], spread: Optional[_Spread],
+                         result: torch.Tensor) -> None:
+        """Counts, per sender, what this part says against it: clipped as an outlier, blatant, how far, and which
+        way it points next to the `result` the evidence is judged by."""
         shape, parts = self.part_shapes[self.current_part_index], [one.tensor for one in sent]
         far = self._judged_by_own_part(sent)
         if len(sent) == 2 and not any(clipped):
             clipped = far
         finite = [bool(torch.isfinite(part).all()) for part in parts]
         negligible = _negligible(finite, weights)
+        # which way each sender points: next to the result (three senders or more), or in a pair with this peer next
+        # to this peer's own part (the result is their mean: the other's half of it would count for it)
+        reference = result if spread is not None else self._own_part(sent) if len(sent) == 2 else None
         for index, one in enumerate(sent):
             self.values_sent[one.sender] += shape.numel()
             if negligible[index]:  # it cannot move the result: nothing against it (NEGLIGIBLE_WEIGHT_SHARE)
@@ -334,19 +372,32 @@ class CenteredClipReducer(TensorPartReducer):
             self.blatant_by_sender[one.sender] += far[index] or not finite[index]
             if spread is not None:
                 self.squared_distance_by_sender[one.sender] += spread.distances[index] ** 2
+            if (reference is not None and self.aggregation.judge_direction and finite[index]
+                    and one.sender != self.own_sender):
+                self._record_direction(one.sender, parts[index], reference)
             if clipped[index]:
                 self.clipped_by_sender[one.sender] += 1
                 self.outlier_values[one.sender] += shape.numel()
         if spread is not None:
             self.squared_radii += spread.radius**2
 
+    def _record_direction(self, sender: int, part: torch.Tensor, result: torch.Tensor) -> None:
+        values, result = part.reshape(-1).float(), result.reshape(-1).float()
+        self.dot_with_result_by_sender[sender] += float(values @ result)
+        self.squared_norm_by_sender[sender] += float(values @ values)
+        self.squared_result_by_sender[sender] += float(result @ result)
+
+    def _own_part(self, sent: list[_Sent]) -> Optional[torch.Tensor]:
+        """This peer's own part among `sent` (flat, float32), or None where it sent none."""
+        own = [one.tensor for one in sent if one.sender == self.own_sender]
+        return own[0].reshape(-1).float() if own and bool(torch.isfinite(own[0]).all()) else None
+
     def _judged_by_own_part(self, sent: list[_Sent]) -> list[bool]:
         """Each sender's flag by this peer's own part, where this peer is a sender: further than PAIR_OUTLIER_RATIO
         x |own part| from it (a pair's judgement, see PAIR_OUTLIER_RATIO; and what makes a part blatant)."""
-        senders = [one.sender for one in sent]
-        if self.own_sender not in senders:
+        own = self._own_part(sent)
+        if own is None:
             return [False] * len(sent)
-        own = sent[senders.index(self.own_sender)].tensor.reshape(-1).float()
         reference = float(torch.linalg.vector_norm(own))
         if not reference > 0:
             return [False] * len(sent)
@@ -421,6 +472,9 @@ class AggregatesRobustly(DecentralizedAverager):
     # True where the evidence against a sender is judged over this peer's whole share (CenteredClipReducer.far_senders,
     # SHARE_OUTLIER_RADII) instead of part by part: parameters (swarm/upstream/state_averager.py); the clip is the same
     judges_whole_share = False
+    # True where the averaged tensors are updates (gradients, DiLoCo's pseudo-gradients), whose senders agree on a
+    # direction: one that points away from the result is an outlier (CenteredClipReducer.opposed_senders)
+    judges_direction = False
 
     def __init__(self, *args, aggregation: Optional[Aggregation] = None, **kwargs):
         # set before upstream's __init__, which starts the averager's process (fork copies it)
@@ -454,14 +508,26 @@ class AggregatesRobustly(DecentralizedAverager):
         if robust:
             self._count_outliers(runner)
 
+    def opposed_senders(self, runner: RobustAllReduceRunner) -> list[int]:
+        """The senders whose updates pointed away from this round's result in this peer's share (none where the
+        tensors are not updates, or the check is off)."""
+        if not (self.judges_direction and self.aggregation.judge_direction):
+            return []
+        return runner.tensor_part_reducer.opposed_senders()
+
     def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
         for index, why in getattr(runner, "refused_reducers", {}).items():  # a plain runner checks nothing
             logger.warning("Refused the average %s returned for its share of this round (%s): this peer keeps its "
                            "own values there", runner.ordered_peer_ids[index], why)
         reducer = runner.tensor_part_reducer
         clipped = reducer.clipped_senders()
+        opposed = self.opposed_senders(runner)
         with self.outliers_clipped.get_lock():
-            self.outliers_clipped.value += len(clipped)
+            self.outliers_clipped.value += len(set(clipped) | set(opposed))
+        for sender in opposed:
+            logger.info("Robust aggregation found %s pulling against the round: what it sent for this peer's share "
+                        "points away from the result (cosine %.2f)", runner.sender_peer_ids[sender],
+                        reducer.cosine_with_result(sender))
         far = set(reducer.far_senders()) if self.judges_whole_share else set(clipped)
         for sender in clipped:
             # judged over the whole share (parameters), an honest peer that stepped more or less than the others is
