@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -115,7 +115,9 @@ class Aggregation:
     tau: float = 1.0
     iterations: int = 3
     max_weight_ratio: float = 2.0  # a sender's weight at most this x the senders' lower median weight; 0: uncapped
-    judge_direction: bool = True  # updates that point away from the result are evidence (OPPOSED_COSINE)
+    # updates that point away from the result are evidence (OPPOSED_COSINE); an averager of parameters hands its
+    # reducer False (AggregatesRobustly.judges_direction): nobody reads which way they point
+    judge_direction: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -357,14 +359,19 @@ class CenteredClipReducer(TensorPartReducer):
         """Counts, per sender, what this part says against it: clipped as an outlier, blatant, how far, and which
         way it points next to the `result` the evidence is judged by."""
         shape, parts = self.part_shapes[self.current_part_index], [one.tensor for one in sent]
-        far = self._judged_by_own_part(sent)
+        own = self._own_part(sent)
+        far = self._judged_by_own_part(sent, own)
         if len(sent) == 2 and not any(clipped):
             clipped = far
         finite = [bool(torch.isfinite(part).all()) for part in parts]
         negligible = _negligible(finite, weights)
         # which way each sender points: next to the result (three senders or more), or in a pair with this peer next
-        # to this peer's own part (the result is their mean: the other's half of it would count for it)
-        reference = result if spread is not None else self._own_part(sent) if len(sent) == 2 else None
+        # to this peer's own part (the result is their mean: the other's half of it would count for it); flattened and
+        # its norm taken once per part
+        reference = None
+        if self.aggregation.judge_direction:
+            reference = result.reshape(-1).float() if spread is not None else own if len(sent) == 2 else None
+        squared_reference = float(reference @ reference) if reference is not None else 0.0
         for index, one in enumerate(sent):
             self.values_sent[one.sender] += shape.numel()
             if negligible[index]:  # it cannot move the result: nothing against it (NEGLIGIBLE_WEIGHT_SHARE)
@@ -372,30 +379,26 @@ class CenteredClipReducer(TensorPartReducer):
             self.blatant_by_sender[one.sender] += far[index] or not finite[index]
             if spread is not None:
                 self.squared_distance_by_sender[one.sender] += spread.distances[index] ** 2
-            if (reference is not None and self.aggregation.judge_direction and finite[index]
-                    and one.sender != self.own_sender):
-                self._record_direction(one.sender, parts[index], reference)
+            if reference is not None and finite[index] and one.sender != self.own_sender:
+                values = parts[index].reshape(-1).float()
+                self.dot_with_result_by_sender[one.sender] += float(values @ reference)
+                self.squared_norm_by_sender[one.sender] += float(values @ values)
+                self.squared_result_by_sender[one.sender] += squared_reference
             if clipped[index]:
                 self.clipped_by_sender[one.sender] += 1
                 self.outlier_values[one.sender] += shape.numel()
         if spread is not None:
             self.squared_radii += spread.radius**2
 
-    def _record_direction(self, sender: int, part: torch.Tensor, result: torch.Tensor) -> None:
-        values, result = part.reshape(-1).float(), result.reshape(-1).float()
-        self.dot_with_result_by_sender[sender] += float(values @ result)
-        self.squared_norm_by_sender[sender] += float(values @ values)
-        self.squared_result_by_sender[sender] += float(result @ result)
-
     def _own_part(self, sent: list[_Sent]) -> Optional[torch.Tensor]:
         """This peer's own part among `sent` (flat, float32), or None where it sent none."""
         own = [one.tensor for one in sent if one.sender == self.own_sender]
         return own[0].reshape(-1).float() if own and bool(torch.isfinite(own[0]).all()) else None
 
-    def _judged_by_own_part(self, sent: list[_Sent]) -> list[bool]:
-        """Each sender's flag by this peer's own part, where this peer is a sender: further than PAIR_OUTLIER_RATIO
-        x |own part| from it (a pair's judgement, see PAIR_OUTLIER_RATIO; and what makes a part blatant)."""
-        own = self._own_part(sent)
+    def _judged_by_own_part(self, sent: list[_Sent], own: Optional[torch.Tensor]) -> list[bool]:
+        """Each sender's flag by this peer's own part (`own`, from _own_part), where this peer is a sender: further
+        than PAIR_OUTLIER_RATIO x |own part| from it (a pair's judgement, see PAIR_OUTLIER_RATIO; and what makes a part
+        blatant)."""
         if own is None:
             return [False] * len(sent)
         reference = float(torch.linalg.vector_norm(own))
@@ -491,7 +494,9 @@ class AggregatesRobustly(DecentralizedAverager):
         if self.aggregation.method == "mean":
             runner_type, robust = CountsRoundBytes, {}
         else:
-            runner_type, robust = self.runner_type, {"aggregation": self.aggregation}
+            # the reducer sums which way each sender points only where this averager judges it
+            aggregation = replace(self.aggregation, judge_direction=self._judges_direction_now)
+            runner_type, robust = self.runner_type, {"aggregation": aggregation}
         runner = runner_type(
             p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors, group_id=group_id,
             ordered_peer_ids=group_info.peer_ids, **robust, **kwargs,
@@ -511,9 +516,11 @@ class AggregatesRobustly(DecentralizedAverager):
     def opposed_senders(self, runner: RobustAllReduceRunner) -> list[int]:
         """The senders whose updates pointed away from this round's result in this peer's share (none where the
         tensors are not updates, or the check is off)."""
-        if not (self.judges_direction and self.aggregation.judge_direction):
-            return []
-        return runner.tensor_part_reducer.opposed_senders()
+        return runner.tensor_part_reducer.opposed_senders() if self._judges_direction_now else []
+
+    @property
+    def _judges_direction_now(self) -> bool:
+        return self.judges_direction and self.aggregation.judge_direction
 
     def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
         for index, why in getattr(runner, "refused_reducers", {}).items():  # a plain runner checks nothing
