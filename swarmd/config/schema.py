@@ -453,6 +453,13 @@ class TrainingConfig(StrictModel):
         "the random draws after the model is built (dropout, drop path, augmentations).",
     )
     max_epochs: int = Field(0, ge=0, description="Stop (exit 0) once the local epoch reaches this. 0: run forever.")
+    finish_wait_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="At training.max_epochs, keep serving this peer's state up to this long while other peers of the "
+        "swarm are still at an earlier epoch, so that a peer an epoch behind takes the last model from it rather than "
+        "stopping with its own; the wait ends as soon as none is behind. 0: stop at once.",
+    )
     threads: int = Field(0, ge=0, description="torch intra-op threads on the CPU; 0 leaves torch's default.")
     max_consecutive_failures: int = Field(
         5, ge=1, description="A training step that raises is retried with backoff; this many in a row end the daemon."
@@ -702,6 +709,7 @@ RUN_WIDE_KEYS: dict[str, bool] = {
     "training.devices": False,
     "training.threads": False,
     "training.max_consecutive_failures": False,
+    "training.finish_wait_seconds": False,  # how long this peer serves its last state to peers behind
     "network": False,  # this peer's addresses and how it reaches the swarm
     "network.allowed_peers": True,  # a private run's allow-list
     "state_dir": False,

@@ -55,11 +55,13 @@ def rank_timeouts(config) -> tuple[float, float]:
     """(rank 0's, the compute ranks') timeout for one collective, from the config.
 
     A compute rank waits in `follow()` while rank 0 does everything else between two steps: its hivemind step
-    (matchmaking, averaging, maybe a state download: the worker's step budget), an evaluation, a checkpoint."""
+    (matchmaking, averaging, maybe a state download: the worker's step budget), an evaluation, a checkpoint, and at
+    training.max_epochs the wait for peers behind (trainer.py _wait_for_peers_behind)."""
     swarm = config.swarm
     download = swarm.load_state_attempts * swarm.load_state_timeout + swarm.averaging_timeout
     hivemind_step = swarm.matchmaking_time + 3 * swarm.averaging_timeout + download
     follower = COMPUTE_BOUND_SECONDS + hivemind_step + _EVALUATION_SECONDS + _CHECKPOINT_SECONDS
+    follower += config.training.finish_wait_seconds
     return COMPUTE_BOUND_SECONDS, follower
 
 

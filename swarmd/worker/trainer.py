@@ -67,6 +67,7 @@ class WorkerSettings:
     reuse_grad_buffers: bool = False
     max_consecutive_failures: int = 5
     max_epochs: int = 0  # 0: run until stopped
+    finish_wait: float = 0.0  # seconds to serve the state at max_epochs while other peers are behind
     checkpoint_every_epochs: int = 10
     guard_parameter_change: float = 0.0
     download_budget: float = 0.0  # seconds a state download may take
@@ -85,6 +86,7 @@ class WorkerSettings:
             reuse_grad_buffers=swarm.reuse_grad_buffers,
             max_consecutive_failures=config.training.max_consecutive_failures,
             max_epochs=config.training.max_epochs,
+            finish_wait=config.training.finish_wait_seconds,
             checkpoint_every_epochs=config.checkpoint.every_epochs,
             guard_parameter_change=swarm.guard_parameter_change,
             download_budget=download,
@@ -439,11 +441,41 @@ class TrainingWorker:
             saved = True
         max_epochs = self.settings.max_epochs
         if max_epochs and epoch >= max_epochs:
-            logger.info("Reached training.max_epochs=%d: stopping", max_epochs)
             self.reached_max_epochs = True
-            self._stop.set()
             if self.export_model is not None and self.save_checkpoint is not None:
                 self._export_final_model(saved)
+            self._wait_for_peers_behind(max_epochs)
+            logger.info("Reached training.max_epochs=%d: stopping", max_epochs)
+            self._stop.set()
+
+    def _wait_for_peers_behind(self, last_epoch: int) -> None:
+        """Serve this peer's state a while longer (training.finish_wait_seconds) while other peers are at an earlier
+        epoch. A peer an epoch behind when the others reach the last one takes the swarm's state by a download; with
+        every donor gone it would take the epoch by upstream's one-behind rule and stop an update short, with a
+        model of its own (CI, router lab: 0.097 from the others' model, an epoch's move)."""
+        tracker = getattr(self.optimizer, "tracker", None)  # a strategy's; absent from the unit tests' fakes
+        if self.settings.finish_wait <= 0 or not hasattr(tracker, "peers_behind"):
+            return
+        deadline = time.monotonic() + self.settings.finish_wait
+        fetches = 0
+        while not self._stop.is_set():
+            behind = tracker.peers_behind(last_epoch)
+            logger.debug("At epoch %d, the other peers' epochs: %s", last_epoch, tracker.other_epochs)
+            if not behind:
+                if fetches > 1:
+                    logger.info("Every peer of the swarm reached epoch %d", last_epoch)
+                return
+            if time.monotonic() >= deadline:
+                logger.warning("%d peer(s) still behind epoch %d after %.0f s: stopping without them",
+                               behind, last_epoch, self.settings.finish_wait)
+                return
+            if fetches == 1:  # a fresh fetch, not one from before the last round, still shows them behind
+                logger.info("%d peer(s) of the swarm are behind epoch %d: serving this peer's state up to %.0f s "
+                            "so that they can take it", behind, last_epoch, self.settings.finish_wait)
+                self.stats.begin("serving the last state to peers behind", self.settings.finish_wait + 30.0)
+            tracker.fetch_soon()
+            fetches += 1
+            self._stop.wait(1.0)
 
     def _export_final_model(self, saved: bool) -> None:
         """checkpoint.export_on_finish: the last checkpoint now (the daemon's stop then finds it current and writes

@@ -38,10 +38,10 @@ def tracker_on_dht():
     dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     trackers = []
 
-    def make(report_interval: float, epoch_ends_in: float = 1.0) -> tuple[ThrottledProgressTracker, CountingDHT]:
+    def make(report_interval: float, epoch_ends_in: float = 1.0, prefix: str = "", dht=dht):
         tracker = ThrottledProgressTracker(
-            dht=dht, prefix=f"throttle{len(trackers)}", target_batch_size=10**9, report_interval=report_interval,
-            start=False,
+            dht=dht, prefix=prefix or f"throttle{len(trackers)}", target_batch_size=10**9,
+            report_interval=report_interval, start=False,
         )
         # the swarm's estimate of the epoch's end, as a fetch would have left it; no fetch changes it during a test
         tracker.global_progress = dataclasses.replace(
@@ -53,6 +53,7 @@ def tracker_on_dht():
         trackers.append(tracker)
         return tracker, counting
 
+    make.dht, make.trackers = dht, trackers
     try:
         yield make
     finally:
@@ -171,3 +172,32 @@ def test_a_fetch_that_shows_nobody_leaves_the_count_of_other_peers(tracker_on_dh
     assert tracker.other_peers == 1
     tracker._parse_swarm_progress_data({b"own": record(own_id)})  # the others' records expired: alone now
     assert tracker.other_peers == 0
+
+
+def test_a_peer_at_the_last_epoch_sees_who_is_behind_when_it_asks(tracker_on_dht):
+    """trainer.py _wait_for_peers_behind: at training.max_epochs a peer serves its state while others are at an earlier
+    epoch. It learns their epochs from the progress records, fetched when it asks (`fetch_soon`), not at upstream's
+    next fetch (600 s away here)."""
+    second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                          initial_peers=[str(a) for a in tracker_on_dht.dht.get_visible_maddrs()])
+    try:
+        finished, _ = tracker_on_dht(report_interval=0.5, prefix="finish")
+        behind, _ = tracker_on_dht(report_interval=0.5, prefix="finish", dht=second)
+        finished.report_local_progress(local_epoch=3, samples_accumulated=1)
+        behind.report_local_progress(local_epoch=2, samples_accumulated=1)
+        time.sleep(1.0)  # both stored
+        assert finished.peers_behind(3) == 0, "fetched before anyone asked"
+        finished.fetch_soon()
+        assert wait_until(lambda: finished.peers_behind(3) == 1, timeout=5.0), finished.other_epochs
+        assert finished.peers_behind(2) == 0
+        behind.report_local_progress(local_epoch=3, samples_accumulated=0)  # took the last state
+        time.sleep(1.0)
+        finished.fetch_soon()
+        assert wait_until(lambda: finished.peers_behind(3) == 0, timeout=5.0), finished.other_epochs
+        assert finished.other_epochs == (3,)
+    finally:
+        for tracker in list(tracker_on_dht.trackers):
+            if tracker.dht._dht is second:
+                tracker.shutdown(timeout=5)
+                tracker_on_dht.trackers.remove(tracker)
+        second.shutdown()

@@ -220,9 +220,9 @@ def test_a_home_peer_reaches_every_public_peer_not_only_its_initial_one(lab, lab
 
 
 # what each strategy averages before a checkpoint: every gradient (sync), the pseudo-gradients at each outer step
-# (DiLoCo). Not local updates: each peer stops when its own epoch reaches the last, and one whose epoch lags steps
-# alone after the others stopped (in CI the public peer reached epoch 3 12 s after the home peers: 0.137 apart,
-# an epoch's move 0.128; docs/NAT.md)
+# (DiLoCo). Not local updates: there the public peer's epochs end a round later than the home peers' (the rounds
+# themselves are shared), so each stops with its own local steps since the last shared state round (2 of 12 runs:
+# 0.12-0.15 apart, an epoch's move 0.13-0.16; docs/NAT.md)
 ONE_MODEL_SWARMS = {
     "sync": (),
     "diloco": ("--set", "swarm.strategy=diloco", "--set", "swarm.diloco.inner_steps=8"),

@@ -174,5 +174,7 @@ def test_timeouts_cover_what_each_side_waits_through():
     hivemind_step = swarm.matchmaking_time + 3 * swarm.averaging_timeout + (
         swarm.load_state_attempts * swarm.load_state_timeout + swarm.averaging_timeout
     )
-    # a compute rank waits through rank 0's hivemind step, an evaluation (1800 s) and a checkpoint (600 s)
-    assert follower == leader + hivemind_step + 1800 + 600
+    # a compute rank waits through rank 0's hivemind step, an evaluation (1800 s) and a checkpoint (600 s), and at
+    # training.max_epochs rank 0's wait for peers behind
+    assert follower == leader + hivemind_step + 1800 + 600 + cfg.training.finish_wait_seconds
+    assert rank_timeouts(load_config(environ={}, assignments=["training.finish_wait_seconds=0"]))[1] == follower - 60

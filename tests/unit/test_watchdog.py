@@ -209,3 +209,75 @@ def test_a_diloco_peer_catching_up_neither_evaluates_nor_checkpoints_under_the_e
     optimizer.local_epoch, optimizer.catching_up = 8, False  # the round repaired it and stepped
     worker._on_new_epoch(7)
     assert saved == [8] and evaluated == [8]
+
+
+def _worker_at_the_last_epoch(finish_wait: float, behind: list):
+    """A worker whose optimizer just stepped to epoch 3 = training.max_epochs, and a tracker whose fetches show
+    `behind` (one entry per fetch, the last repeated): how many other peers are at an earlier epoch."""
+    import torch
+
+    from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+    config = load_config(None, environ={}, assignments=["training.max_epochs=3",
+                                                        f"training.finish_wait_seconds={finish_wait}"])
+    model = torch.nn.Linear(2, 1)
+    fetches = []
+
+    class Tracker:
+        other_epochs = ()
+
+        def peers_behind(self, epoch):
+            assert epoch == 3
+            return behind[min(len(fetches), len(behind) - 1)]
+
+        def fetch_soon(self):
+            fetches.append(time.monotonic())
+
+    optimizer = SimpleNamespace(
+        local_epoch=3, catching_up=False, param_groups=[{"lr": 0.1}], state_loads_total=0, tracker=Tracker(),
+        state_averager=SimpleNamespace(offload_optimizer=False, main_parameters=list(model.parameters())),
+    )
+    worker = TrainingWorker(
+        task=CpuTask(), model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config),
+        stats=WorkerStats(), averaging_log=None, device=torch.device("cpu"), data_seed=0,
+    )
+    return worker, fetches
+
+
+def test_at_the_last_epoch_a_peer_serves_its_state_until_no_peer_is_behind(caplog):
+    """trainer.py _wait_for_peers_behind: a peer an epoch behind takes the last model from one that waits for it (the
+    router lab's flake: with every donor gone it stopped an update short, with a model of its own)."""
+    worker, fetches = _worker_at_the_last_epoch(60, behind=[1, 1, 1, 0])
+    with caplog.at_level(logging.INFO, logger="swarmd.worker.trainer"):
+        worker._on_new_epoch(2)
+    assert worker.reached_max_epochs and worker._stop.is_set()
+    assert len(fetches) == 3  # a fetch asked for each time it still saw one behind; stopped at the first showing none
+    assert "1 peer(s) of the swarm are behind epoch 3" in caplog.text
+    assert "Every peer of the swarm reached epoch 3" in caplog.text
+    assert worker.stats.activity()[0] == "serving the last state to peers behind"
+
+    caplog.clear()
+    # the common end: the fetch from before the last round still shows the others behind, the next one does not
+    worker, fetches = _worker_at_the_last_epoch(60, behind=[2, 0])
+    with caplog.at_level(logging.INFO, logger="swarmd.worker.trainer"):
+        worker._on_new_epoch(2)
+    assert worker._stop.is_set() and len(fetches) == 1 and "behind" not in caplog.text
+
+
+def test_the_wait_for_peers_behind_is_bounded_and_can_be_turned_off(caplog):
+    worker, fetches = _worker_at_the_last_epoch(1.5, behind=[2])  # a peer that never catches up (or died unseen)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="swarmd.worker.trainer"):
+        worker._on_new_epoch(2)
+    assert 1.5 <= time.monotonic() - started < 5 and worker._stop.is_set()
+    assert "2 peer(s) still behind epoch 3 after 2 s: stopping without them" in caplog.text
+
+    worker, fetches = _worker_at_the_last_epoch(0, behind=[2])
+    worker._on_new_epoch(2)
+    assert worker._stop.is_set() and fetches == []
+
+    worker, fetches = _worker_at_the_last_epoch(60, behind=[2])
+    threading.Timer(0.3, worker._stop.set).start()  # a signal during the wait ends it within its poll
+    started = time.monotonic()
+    worker._on_new_epoch(2)
+    assert time.monotonic() - started < 3 and len(fetches) == 1

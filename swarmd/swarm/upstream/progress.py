@@ -65,6 +65,7 @@ class ThrottledProgressTracker(ProgressTracker):
         self._constructed = True
 
     other_peers = 0  # peers in the swarm other than this one (upstream's num_peers counts this one once it reported)
+    other_epochs: tuple = ()  # their epochs, as their records said at the last fetch
 
     def update_epoch(self, new_epoch: Optional[int] = None) -> int:
         epoch = super().update_epoch(new_epoch)
@@ -121,16 +122,29 @@ class ThrottledProgressTracker(ProgressTracker):
         metadata = self._checked_claims(metadata)
         progress = super()._parse_swarm_progress_data(metadata)
         own_id = self.dht.peer_id.to_bytes()
-        peer_ids = [
-            LocalTrainingProgress.parse_obj(entry.value).peer_id
+        records = [
+            LocalTrainingProgress.parse_obj(entry.value)
             for entry in (metadata.values() if isinstance(metadata, dict) else ()) if entry.value is not None
         ]
         # A fetch that shows nobody, not even this peer's own record (which its reporter keeps fresh), failed: a DHT
         # slow under load answers None. It says nothing about who else is in the swarm, and "alone" would end a
         # catch-up or an inexact state before any state round evened it out.
-        if peer_ids:
-            self.other_peers = sum(peer_id != own_id for peer_id in peer_ids)
+        if records:
+            self.other_epochs = tuple(record.epoch for record in records if record.peer_id != own_id)
+            self.other_peers = len(self.other_epochs)
         return progress
+
+    def peers_behind(self, epoch: int) -> int:
+        """How many other peers of the swarm were at an epoch below `epoch` at the last fetch (clients too: they take
+        the state as well; excluded peers' records count for nothing, see _checked_claims)."""
+        return sum(other < epoch for other in self.other_epochs)
+
+    def fetch_soon(self) -> None:
+        """Fetch the swarm's progress now rather than at the time upstream's estimate set (up to
+        max_refresh_period away while nobody accumulates samples): the fetcher wakes up on global_state_updated,
+        finds the next fetch due and fetches."""
+        self.global_progress.next_fetch_time = get_dht_time()
+        self.global_state_updated.set()
 
     def __del__(self):
         # Upstream's __init__ reads the DHT before it makes the thread, and its __del__ asserts on a thread that was
