@@ -231,8 +231,9 @@ class ExclusionConfig(StrictModel):
     )
     claim_rate_ratio: float = Field(
         8.0, ge=0, description="A peer's claimed samples/s is capped at this many times the swarm's median rate (and "
-        "its samples at what that rate allows since the epoch began); 0: claims are not checked. Raise it in a swarm "
-        "of very different machines.",
+        "its samples at what that rate allows since the epoch began), and a round's sender claiming a weight (samples) "
+        "above 2x this ratio x the round's median counts as an outlier there; 0: claims are not checked. Raise it in "
+        "a swarm of very different machines.",
     )
 
     @model_validator(mode="after")

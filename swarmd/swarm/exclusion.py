@@ -458,7 +458,8 @@ class Exclusions(Extension):
 
 def _evidence_text(made: ExcludedPeer, policy: ExclusionPolicy) -> str:
     if made.reason == "clipped":
-        return (f"robust aggregation clipped it as an outlier (or found its update pulling against the result) in "
+        return (f"robust aggregation clipped it as an outlier (or found its update pulling against the result, or "
+                f"capped the samples it claimed as its weight) in "
                 f"{made.clipped_rounds} of the {made.rounds_seen} rounds it sent to this peer's share in the last "
                 f"{policy.window:.0f} s")
     if made.reason == "returned":

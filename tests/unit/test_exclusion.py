@@ -307,7 +307,7 @@ def test_each_judged_round_reports_every_other_sender(tmp_path):
 
     def round_of(senders, clipped, sent):
         reducer = types.SimpleNamespace(
-            clipped_senders=lambda: clipped, values_sent=sent,
+            clipped_senders=lambda: clipped, overweight_senders=lambda ratio: [], values_sent=sent,
             outlier_values=[10 if i in clipped else 0 for i in range(len(senders))],
             clipped_by_sender=[1 if i in clipped else 0 for i in range(len(senders))], num_parts=1,
         )
@@ -347,7 +347,8 @@ def test_parameters_and_gradients_are_judged_over_the_whole_share(tmp_path):
 
     averager = _method_only(RecordsRounds, listed, own)
     reducer = types.SimpleNamespace(
-        clipped_senders=lambda: [1, 3], far_senders=lambda: [3], values_sent=[10] * 4,
+        clipped_senders=lambda: [1, 3], far_senders=lambda: [3], overweight_senders=lambda ratio: [],
+        values_sent=[10] * 4,
         outlier_values=[0, 10, 0, 10], clipped_by_sender=[0, 1, 0, 1], num_parts=1)
     averager._count_outliers(
         types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=[own, slow, level, liar]))
@@ -379,6 +380,7 @@ def test_an_update_pulling_against_the_round_is_reported_as_an_outlier_where_upd
         averager.aggregation = aggregation
         reducer = types.SimpleNamespace(
             clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: [2],
+            overweight_senders=lambda ratio: [],
             cosine_with_result=lambda sender: -0.5, values_sent=[10] * 3, outlier_values=[0] * 3,
             clipped_by_sender=[0] * 3, num_parts=1)
         averager._count_outliers(types.SimpleNamespace(tensor_part_reducer=reducer,
@@ -391,6 +393,46 @@ def test_an_update_pulling_against_the_round_is_reported_as_an_outlier_where_upd
         assert reported(cls, Aggregation(judge_direction=False))[0] == [
             ((honest.to_base58(), False), (flipper.to_base58(), False))], cls
     assert reported(RecordsRounds, Aggregation())[0] == [((honest.to_base58(), False), (flipper.to_base58(), False))]
+
+
+def test_a_sender_claiming_far_more_samples_than_the_round_is_reported_as_an_outlier(tmp_path):
+    """The weight a sender claims above claim_rate_ratio x claims.SAMPLE_SLACK x the round's median
+    (CenteredClipReducer.overweight_senders) counts as an outlier in that round, in every averager; with claims
+    unchecked (claim_rate_ratio 0) it does not."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.claims import SAMPLE_SLACK
+    from swarmd.swarm.exclusion import ExclusionPolicy
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation
+    from swarmd.swarm.upstream.state_averager import RecordsRounds
+
+    own, honest, claimer = (PeerID(f"peer-{i}".encode()) for i in range(3))
+    asked = []
+
+    def reported(cls, policy):
+        listed = ExclusionList(tmp_path / f"{cls.__name__}-{policy.claim_rate_ratio}", policy)
+        listed.start()
+        averager = _method_only(cls, listed, own)
+        averager.aggregation = Aggregation()
+
+        def overweight(ratio):
+            asked.append(ratio)
+            return [2] if ratio > 0 else []
+
+        reducer = types.SimpleNamespace(
+            clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: [],
+            overweight_senders=overweight, cosine_with_result=lambda sender: 1.0, values_sent=[10] * 3,
+            outlier_values=[0] * 3, clipped_by_sender=[0] * 3, num_parts=1)
+        averager._count_outliers(types.SimpleNamespace(tensor_part_reducer=reducer,
+                                                       sender_peer_ids=[own, honest, claimer]))
+        return [senders for _, _, senders in _drained(listed, 1)]
+
+    for cls in (AdmittingGradientAverager, RecordsRounds):
+        assert reported(cls, ExclusionPolicy()) == [((honest.to_base58(), False), (claimer.to_base58(), True))], cls
+        assert reported(cls, ExclusionPolicy(claim_rate_ratio=0.0)) == [
+            ((honest.to_base58(), False), (claimer.to_base58(), False))], cls
+    assert asked[0] == ExclusionPolicy().claim_rate_ratio * SAMPLE_SLACK
 
 
 def test_far_over_the_whole_share_is_what_the_large_parts_say_not_a_tiny_one():

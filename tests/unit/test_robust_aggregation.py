@@ -234,6 +234,28 @@ def test_a_sender_claiming_100x_the_samples_neither_sets_the_result_nor_makes_th
     assert _relative_error(result, honest_mean, signal) > 0.8  # uncapped, the zeros pull it most of the way: 0.90
 
 
+def test_a_sender_claiming_far_more_samples_than_the_others_is_named_by_its_weight():
+    """Honest values with 100x the samples claimed (the attack benchmark's "claims x100"): nothing to clip, the cap
+    bounds what it does, and `overweight_senders` names it as the evidence (the averagers report it as an outlier,
+    swarm/upstream/averager_gate.py). An honest peer 8x faster than the median is not named at the default bound
+    (exclusion's claim_rate_ratio 8 x claims.SAMPLE_SLACK 2); a pair tells no liar; a bound of 0 is off."""
+    from swarmd.swarm.upstream.robust_aggregation import _Sent
+
+    signal, honest = _honest(4, noise=0.3)
+
+    async def reduce(weights):  # upstream's reducer makes asyncio objects: built inside a loop
+        reducer = CenteredClipReducer([signal.shape], len(weights), Aggregation())
+        reducer.aggregate([_Sent(i, part) for i, part in enumerate(honest[:len(weights)])], weights)
+        return reducer
+
+    liar = asyncio.run(reduce([64.0, 64.0, 64.0, 6400.0]))
+    assert liar.clipped_by_sender == [0, 0, 0, 0] and liar.overweight_senders(16.0) == [3]
+    assert liar.overweight_senders(0.0) == []
+    assert asyncio.run(reduce([64.0, 64.0, 64.0, 512.0])).overweight_senders(16.0) == []  # a fast honest peer
+    assert asyncio.run(reduce([64.0, 6400.0])).overweight_senders(16.0) == []  # a pair
+    assert asyncio.run(reduce([1e-6, 64.0, 64.0, 6400.0])).overweight_senders(16.0) == [3]  # one catching up
+
+
 def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():
     """A peer catching up sends its older parameters at 1e-6 (a state round) or a pseudo-gradient at weight 0 (a
     DiLoCo outer round): far from the others by design, it cannot move the result, and is not counted as clipped;

@@ -24,6 +24,7 @@ from hivemind.proto import averaging_pb2
 
 from swarmd.swarm import exclusion
 from swarmd.swarm.allowlist import installed
+from swarmd.swarm.claims import SAMPLE_SLACK
 from swarmd.swarm.upstream.averager_pace import PacedAverager
 from swarmd.swarm.upstream.averager_shutdown import FinalizesRunningRoundsAtShutdown
 from swarmd.swarm.upstream.partial_rounds import ReportsPartialRounds
@@ -93,6 +94,8 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
         reducer = runner.tensor_part_reducer
         clipped = set(reducer.far_senders() if self.judges_whole_share else reducer.clipped_senders())
         clipped |= set(self.opposed_senders(runner))  # an update pulling against the round: an outlier there too
+        # a weight (the samples a sender claims) far above the round's median: the claim was capped, a lie there too
+        clipped |= set(reducer.overweight_senders(self._exclusions.policy.claim_rate_ratio * SAMPLE_SLACK))
         total = len(runner.sender_peer_ids)
         judged = total >= MIN_SENDERS_TO_JUDGE or (total == 2 and self.peer_id in runner.sender_peer_ids)
         senders = [(peer.to_base58(), index in clipped) for index, peer in enumerate(runner.sender_peer_ids)

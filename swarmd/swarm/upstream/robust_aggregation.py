@@ -289,6 +289,8 @@ class CenteredClipReducer(TensorPartReducer):
         self.dot_with_result_by_sender = [0.0] * num_senders
         self.squared_norm_by_sender = [0.0] * num_senders
         self.squared_result_by_sender = [0.0] * num_senders
+        # the largest weight (samples) each sender claimed for a part, before the cap: for `overweight_senders`
+        self.claimed_weight_by_sender = [0.0] * num_senders
         super().__init__(part_shapes, num_senders)
 
     def blatant_senders(self) -> list[int]:
@@ -318,6 +320,16 @@ class CenteredClipReducer(TensorPartReducer):
         norms = self.squared_norm_by_sender[sender] * self.squared_result_by_sender[sender]
         return self.dot_with_result_by_sender[sender] / math.sqrt(norms) if norms > 0 else 0.0
 
+    def overweight_senders(self, ratio: float) -> list[int]:
+        """The senders that claimed more than `ratio` x the (upper) median of the positive weights claimed this round
+        (the samples each says it accumulated), of three senders or more: of two, neither can be told the liar. The
+        cap (`capped_weights`) already bounds what such a claim does to the result; this is the evidence of it."""
+        positive = sorted(w for w in self.claimed_weight_by_sender if w > 0)
+        if ratio <= 0 or len(positive) < 3:
+            return []
+        bound = ratio * positive[len(positive) // 2]
+        return [sender for sender, weight in enumerate(self.claimed_weight_by_sender) if weight > bound]
+
     def clipped_senders(self) -> list[int]:
         """The senders that were outliers in more than OUTLIER_SHARE of the values they sent this round."""
         return [sender for sender, (outside, sent) in enumerate(zip(self.outlier_values, self.values_sent))
@@ -337,6 +349,10 @@ class CenteredClipReducer(TensorPartReducer):
         if not sent:  # every sender of this part failed: upstream would return 0/0
             return torch.zeros(shape)
         parts = [one.tensor for one in sent]
+        claimed = self.claimed_weight_by_sender
+        for one, weight in zip(sent, weights):
+            if math.isfinite(float(weight)):
+                claimed[one.sender] = max(claimed[one.sender], float(weight))
         weights = capped_weights(weights, self.aggregation.max_weight_ratio)
         try:
             result, clipped, spread = _centered_clip(parts, weights, self.aggregation.tau, self.aggregation.iterations)
