@@ -460,7 +460,6 @@ class TrainingWorker:
         fetches = 0
         while not self._stop.is_set():
             behind = tracker.peers_behind(last_epoch)
-            logger.debug("At epoch %d, the other peers' epochs: %s", last_epoch, tracker.other_epochs)
             if not behind:
                 if fetches > 1:
                     logger.info("Every peer of the swarm reached epoch %d", last_epoch)

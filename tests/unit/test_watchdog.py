@@ -224,8 +224,6 @@ def _worker_at_the_last_epoch(finish_wait: float, behind: list):
     fetches = []
 
     class Tracker:
-        other_epochs = ()
-
         def peers_behind(self, epoch):
             assert epoch == 3
             return behind[min(len(fetches), len(behind) - 1)]

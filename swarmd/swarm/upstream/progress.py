@@ -64,8 +64,12 @@ class ThrottledProgressTracker(ProgressTracker):
         super().__init__(*args, **kwargs)
         self._constructed = True
 
-    other_peers = 0  # peers in the swarm other than this one (upstream's num_peers counts this one once it reported)
-    other_epochs: tuple = ()  # their epochs, as their records said at the last fetch
+    other_epochs: tuple = ()  # the epochs of the other peers' records at the last fetch that showed any record
+
+    @property
+    def other_peers(self) -> int:
+        """Peers in the swarm other than this one (upstream's num_peers counts this one once it reported)."""
+        return len(self.other_epochs)
 
     def update_epoch(self, new_epoch: Optional[int] = None) -> int:
         epoch = super().update_epoch(new_epoch)
@@ -131,7 +135,6 @@ class ThrottledProgressTracker(ProgressTracker):
         # catch-up or an inexact state before any state round evened it out.
         if records:
             self.other_epochs = tuple(record.epoch for record in records if record.peer_id != own_id)
-            self.other_peers = len(self.other_epochs)
         return progress
 
     def peers_behind(self, epoch: int) -> int:

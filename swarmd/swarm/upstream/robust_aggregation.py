@@ -136,11 +136,18 @@ def capped_weights(weights: Sequence[float], ratio: float) -> list[float]:
     beside CPUs) to `ratio` x the median: raise it in such a swarm. The upper median, because weights far below the
     others' are honest too (a peer catching up weighs 1e-6 in a state round, swarm/upstream/optimizer.py) and must not set the
     cap; so a pair is never capped (neither of two can be told the liar, as in swarm/claims.py)."""
-    positive = sorted(float(w) for w in weights if w > 0)
-    if ratio <= 0 or not positive:
+    median = _upper_median_weight(weights)
+    if ratio <= 0 or median is None:
         return [float(w) for w in weights]
-    cap = ratio * positive[len(positive) // 2]
+    cap = ratio * median
     return [min(float(w), cap) for w in weights]
+
+
+def _upper_median_weight(weights: Sequence[float], least: int = 1) -> Optional[float]:
+    """The upper median of the positive weights (see capped_weights for why the upper one); None with fewer than
+    `least` of them."""
+    positive = sorted(float(w) for w in weights if w > 0)
+    return positive[len(positive) // 2] if positive and len(positive) >= least else None
 
 
 SORTING_NETWORK_ROWS = 16  # up to this many senders the median sorts by elementwise min/max (0.4 ms against 15 ms
@@ -324,10 +331,10 @@ class CenteredClipReducer(TensorPartReducer):
         """The senders that claimed more than `ratio` x the (upper) median of the positive weights claimed this round
         (the samples each says it accumulated), of three senders or more: of two, neither can be told the liar. The
         cap (`capped_weights`) already bounds what such a claim does to the result; this is the evidence of it."""
-        positive = sorted(w for w in self.claimed_weight_by_sender if w > 0)
-        if ratio <= 0 or len(positive) < 3:
+        median = _upper_median_weight(self.claimed_weight_by_sender, least=3)
+        if ratio <= 0 or median is None:
             return []
-        bound = ratio * positive[len(positive) // 2]
+        bound = ratio * median
         return [sender for sender, weight in enumerate(self.claimed_weight_by_sender) if weight > bound]
 
     def clipped_senders(self) -> list[int]:
