@@ -278,6 +278,13 @@ class SwarmConfig(StrictModel):
         "few epochs old) up to 3 times before the whole state again. false: the whole state every time (hivemind's "
         "way). Plain hivemind peers serve only the whole state. docs/PERFORMANCE.md section 5.",
     )
+    state_round_search: float = Field(
+        2.0,
+        ge=0,
+        description="Under gradient averaging, how long a state round looks for its group past its start, in "
+        "matchmaking times; a peer that found none by then came after the swarm's round and trains on (its next "
+        "step waits on the round). 0: as long as averaging_timeout, hivemind's way. docs/PERFORMANCE.md section 5.",
+    )
     catch_up_by_averaging: Optional[bool] = Field(
         None,
         description="A peer whose state download ended with the swarm further on (epochs shorter than a download) "
@@ -705,6 +712,7 @@ RUN_WIDE_KEYS: dict[str, bool] = {
     "swarm": True,  # the strategy and its settings, target batch, matchmaking, compression, aggregation
     "swarm.auxiliary": False,  # this peer's role
     "swarm.exclusion": False,  # whom this peer refuses on evidence: each peer's own judgement
+    "swarm.state_round_search": False,  # how long this peer looks for a state round it may have come late to
     "training": True,  # batch size, precision, seed, max_epochs
     "training.device": False,
     "training.devices": False,

@@ -16,6 +16,8 @@ gradient_averager.py) with these changes, each overriding one method:
 - averaging is not pre-scheduled while the peer is alone: upstream matchmakes for partners that do not exist
   and burns about one CPU core doing so (see docs/PERFORMANCE.md);
 - successful state downloads from peers are counted;
+- a state round that has found no group two matchmaking times past its start gives up (upstream: averaging_timeout,
+  while the next optimizer step waits for it; swarm/upstream/state_averager.py);
 - after a download that the swarm outran, the peer takes the swarm's parameters again without the optimizer's
   statistics (a third of the bytes) instead of downloading the whole state again (swarm/upstream/parameter_refresh.py);
 - when a state average is applied, how far this peer's parameters were from it is measured (the drift);
@@ -61,6 +63,9 @@ logger = logging.getLogger(__name__)
 # whole download: where even the parameters alone take longer than the swarm's epoch, refreshing cannot end the
 # chase, and a whole download at least brings the optimizer's statistics up to date.
 MAX_REFRESHES_PER_DOWNLOAD = 3
+# Under gradient averaging a state round looks for its group at most this many matchmaking times past its scheduled
+# start, not averaging_timeout (`swarm.state_round_search`; state_averager.py RecordsRounds.group_search_limit)
+STATE_ROUND_SEARCH = 2.0
 
 
 class SwarmOptimizer(ReadsItsParts, Optimizer):
@@ -86,6 +91,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         averaging_log: AveragingLog,
         load_state_attempts: int = 3,
         refresh_parameters: bool = True,
+        state_round_search: float = STATE_ROUND_SEARCH,
         state_stream: bool = True,
         catch_up_by_averaging: bool = False,
         prescheduled_averaging: bool = True,
@@ -118,6 +124,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self._rounds_with_others_at_inexact_state = 0
         with shutting_down_on_failure(self, self._RUNNING_PARTS):
             super().__init__(**kwargs)
+        if self.use_gradient_averaging and state_round_search > 0:
+            # every peer begins an epoch's state round at that epoch's end: one that finds no group by then missed it
+            self.state_averager.group_search_limit = state_round_search * self.matchmaking_time
 
     # What construction starts (threads, averager processes), in the order it shuts them down
     _RUNNING_PARTS = ("tracker", "grad_averager", "state_averager")

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from hivemind.averaging.control import StepControl
 from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils import get_dht_time
 
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.optimizer_state_wire import COUNTER_KEYS
@@ -20,9 +21,17 @@ from swarmd.swarm.upstream.parameter_refresh import ServesParameters
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
 
-__all__ = ["ObservedStateAverager"]
+__all__ = ["ObservedStateAverager", "bounded_search"]
 
 logger = logging.getLogger(__name__)
+
+
+def bounded_search(timeout: float, scheduled_time: Optional[float], limit: float, now: Optional[float] = None) -> float:
+    """A round's timeout (how long it may look for a group, upstream's DecentralizedAverager.step) cut to `limit`
+    seconds past its scheduled start (a pre-scheduled round's lies ahead; upstream requires it before the deadline)."""
+    now = get_dht_time() if now is None else now
+    until_start = max(0.0, scheduled_time - now) if scheduled_time is not None else 0.0
+    return min(timeout, until_start + limit)
 
 
 class RecordsRounds(AdmitsAllowedPeers):
@@ -48,8 +57,19 @@ class RecordsRounds(AdmitsAllowedPeers):
     # A gradient or state round came back in part (swarm/upstream/partial_rounds.py): the group's members hold different
     # models. SwarmOptimizer then averages state at the next epoch's end, whatever average_state_every says.
     resync_requested = False
+    # Seconds a state round may look for its group past its scheduled start (None: upstream's, the round's whole
+    # timeout). Under gradient averaging (SwarmOptimizer sets it) every peer begins the state round of an epoch at
+    # that epoch's end, within a matchmaking time of the others; a peer that came later than that (a joiner, a slow
+    # peer) found the group gone, and upstream kept looking for averaging_timeout (30 s by default) while its next
+    # optimizer step waited on the round (delay_state_averaging: the step takes the round's result first). A
+    # 20M-parameter joiner of benchmarks/join_time.py stood 20-25 s at one epoch so, and where the swarm's next
+    # state round came first (ten epochs later) it averaged its parameters of ten epochs before into the swarm's
+    # at a third of the weight. A round that gives up is recorded as failed, and the peer trains on.
+    group_search_limit: Optional[float] = None
 
     def step(self, *args, **kwargs):
+        if self.group_search_limit is not None and kwargs.get("timeout") is not None:
+            kwargs["timeout"] = bounded_search(kwargs["timeout"], kwargs.get("scheduled_time"), self.group_search_limit)
         control = super().step(*args, **kwargs)
         if isinstance(control, StepControl):
             created = time.time()
