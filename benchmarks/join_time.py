@@ -55,6 +55,9 @@ MODES = {
     "whole state again": {"catch_up_by_averaging": False, "refresh_parameters": False},
     # the sync default, downloading by hivemind's RPC (protobuf parts) instead of swarmd's state stream
     "parameters again, by RPC": {"catch_up_by_averaging": False, "refresh_parameters": True, "state_stream": False},
+    # the sync default with hivemind's search for a state round's group (as long as averaging_timeout)
+    "parameters again, upstream's state round search": {"catch_up_by_averaging": False, "refresh_parameters": True,
+                                                         "state_round_search": 0},
 }
 
 
@@ -106,6 +109,19 @@ REFRESHED = "took its parameters again"  # the parameters alone, after a downloa
 CAUGHT_UP_BY_AVERAGING = "The swarm moved on during the state download"
 HOLDS_THE_SWARMS_PARAMETERS = re.compile(r"Took the swarm's parameters by averaging: caught up at epoch (\d+)")
 JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")
+
+
+class EpochWatch:
+    """The joiner's local epoch at each look: the longest it stood at one epoch, seconds (one epoch's length in a
+    joiner that keeps up; a state round it waits on, or a chase of downloads, shows as far more)."""
+
+    def __init__(self):
+        self.epoch, self.since, self.longest = None, 0.0, 0.0
+
+    def see(self, epoch: int, now: float) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.since = epoch, now
+        self.longest = max(self.longest, now - self.since)
 
 
 def drop_page_cache(path: str = DROP_CACHES) -> None:
@@ -209,6 +225,7 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
         finally:
             load_during = load.stop()
         log = c.log
+        after = {}
         if CAUGHT_UP_BY_AVERAGING in log:
             c.wait_for(lambda: HOLDS_THE_SWARMS_PARAMETERS.search(c.log), 300, "the state round after the catch-up")
             holds = when(c.log, "Took the swarm's parameters by averaging")
@@ -218,7 +235,15 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
             holds = max(stamp for stamp in stamps(log, DOWNLOADED) + stamps(log, REFRESHED) if stamp <= averaged_at)
             first = c.status()["local_epoch"]
             last = first + 10
-            a.wait_status(lambda s: s["local_epoch"] > last, 300, "ten epochs with the joiner")
+            watch = EpochWatch()
+
+            def ten_epochs_on(status) -> bool:
+                watch.see(c.status()["local_epoch"], time.monotonic())
+                return status["local_epoch"] > last
+
+            a.wait_status(ten_epochs_on, 300, "ten epochs with the joiner")
+            after = {"longest_stand": watch.longest,
+                     "downloads_after": len(stamps(c.log, DOWNLOADED)) - count_until(log, DOWNLOADED, averaged_at)}
         loss_before, loss_worst = insiders_loss(a.status(), first, last)
         dht_up = when(log, "DHT is up")
         joined = when(log, "Joined run")  # the optimizer (and its averagers) built
@@ -237,6 +262,7 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
             "holds": holds - started,
             "loss_jump": loss_worst / loss_before,
             "load": load_during,
+            **after,
             **joined_in(log),
         }
     finally:
@@ -262,6 +288,8 @@ ROWS = [
     ("catch-ups by averaging before it (count)", "catch_ups"),
     ("start -> holding the swarm's parameters", "holds"),
     ("insider's worst epoch loss meanwhile / before (x)", "loss_jump"),
+    ("the joiner's longest time at one epoch in the ten after (s)", "longest_stand"),
+    ("its state downloads in those ten epochs (count)", "downloads_after"),
 ]
 
 

@@ -86,3 +86,11 @@ def test_the_load_is_sampled_while_the_join_runs():
     assert len(sampler.samples) >= 2
     assert mean == sum(sampler.samples) / len(sampler.samples)
     assert join_time.LoadSampler(interval=60, read=lambda: 2.5).start().stop() == 2.5  # at least the first
+
+
+def test_the_joiners_longest_stand_at_one_epoch_is_timed_between_its_changes():
+    watch = join_time.EpochWatch()
+    for epoch, now in [(5, 0.0), (5, 2.0), (6, 3.0), (6, 25.5), (7, 26.0), (7, 27.0)]:
+        watch.see(epoch, now)
+    assert watch.longest == 22.5  # epoch 6, from 3.0 to 25.5: the stand of a peer waiting on a state round
+    assert join_time.EpochWatch().longest == 0.0
