@@ -6,7 +6,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from swarmd.swarm.upstream.gradient_averager import GradientAveragerKeepingOwn
-from swarmd.swarm.upstream.state_averager import ObservedStateAverager
+from swarmd.swarm.upstream.state_averager import ObservedStateAverager, bounded_search
 
 
 @pytest.mark.parametrize(
@@ -58,3 +58,10 @@ def test_an_auxiliary_peer_never_offers_its_state_which_it_never_steps(auxiliary
     optimizer.client_mode, optimizer.auxiliary, optimizer.inexact_state = False, auxiliary, False
     optimizer._set_catching_up(False)
     assert optimizer.state_averager.allow_state_sharing is (not auxiliary)
+
+
+def test_a_state_rounds_search_is_cut_to_the_limit_past_its_scheduled_start():
+    assert bounded_search(30.0, None, 2.0, now=100.0) == 2.0  # begins now
+    assert bounded_search(30.0, 103.0, 2.0, now=100.0) == 5.0  # pre-scheduled 3 s ahead: 2 s past that
+    assert bounded_search(30.0, 99.0, 2.0, now=100.0) == 2.0  # its start has passed
+    assert bounded_search(1.5, 103.0, 2.0, now=100.0) == 1.5  # a shorter timeout stays
