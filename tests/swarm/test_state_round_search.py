@@ -1,6 +1,6 @@
 """A sync peer's state round that finds no group gives up two matchmaking times past its start, not after
 averaging_timeout (swarm/upstream/state_averager.py RecordsRounds.group_search_limit): its next optimizer step waits
-on the round, and a joiner of benchmarks/join_time.py that came to the swarm's state round late stood 20-25 s at one
+on the round, and a joiner of benchmarks/join_time.py that came to the swarm's state round late stood 17-25 s at one
 epoch, then averaged its parameters of ten epochs before into the swarm's next state round.
 
 One real peer (its DHT and averager processes) with nobody to average with: its round looks for a group that never

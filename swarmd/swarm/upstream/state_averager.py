@@ -62,7 +62,7 @@ class RecordsRounds(AdmitsAllowedPeers):
     # that epoch's end, within a matchmaking time of the others; a peer that came later than that (a joiner, a slow
     # peer) found the group gone, and upstream kept looking for averaging_timeout (30 s by default) while its next
     # optimizer step waited on the round (delay_state_averaging: the step takes the round's result first). A
-    # 20M-parameter joiner of benchmarks/join_time.py stood 20-25 s at one epoch so, and where the swarm's next
+    # 20M-parameter joiner of benchmarks/join_time.py stood 17-25 s at one epoch so, and where the swarm's next
     # state round came first (ten epochs later) it averaged its parameters of ten epochs before into the swarm's
     # at a third of the weight. A round that gives up is recorded as failed, and the peer trains on.
     group_search_limit: Optional[float] = None
