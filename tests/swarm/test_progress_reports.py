@@ -188,12 +188,12 @@ def test_a_peer_at_the_last_epoch_sees_who_is_behind_when_it_asks(tracker_on_dht
         time.sleep(1.0)  # both stored
         assert finished.peers_behind(3) == 0, "fetched before anyone asked"
         finished.fetch_soon()
-        assert wait_until(lambda: finished.peers_behind(3) == 1, timeout=5.0), finished.other_epochs
+        assert wait_until(lambda: finished.peers_behind(3) == 1, timeout=20.0), finished.other_epochs
         assert finished.peers_behind(2) == 0
         behind.report_local_progress(local_epoch=3, samples_accumulated=0)  # took the last state
         time.sleep(1.0)
         finished.fetch_soon()
-        assert wait_until(lambda: finished.peers_behind(3) == 0, timeout=5.0), finished.other_epochs
+        assert wait_until(lambda: finished.peers_behind(3) == 0, timeout=20.0), finished.other_epochs
         assert finished.other_epochs == (3,)
     finally:
         for tracker in list(tracker_on_dht.trackers):
