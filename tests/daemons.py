@@ -207,6 +207,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.05) -> None:
+    """Poll `condition` (in this process: an in-process peer's state) until it is truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
 def run_cli(*args, env: Optional[dict] = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "swarmd", *args],

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from swarmd.config.schema import SwarmdConfig
+from daemons import wait_for
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -46,13 +47,6 @@ def peer(dht, tmp_path):
     optimizer.shutdown()
 
 
-def _wait_for(condition, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_a_state_round_that_finds_no_group_gives_up_after_two_matchmaking_times(peer):
     optimizer, log = peer
     assert optimizer.state_averager.group_search_limit == 2 * MATCHMAKING_TIME
@@ -62,7 +56,7 @@ def test_a_state_round_that_finds_no_group_gives_up_after_two_matchmaking_times(
                                   averaging_opts=dict(timeout=AVERAGING_TIMEOUT))
     took = time.monotonic() - began
     assert took < 4 * MATCHMAKING_TIME + 3, f"the round looked for a group for {took:.1f} s"
-    _wait_for(lambda: log.counts()["state", "failed"] == 1, "the failed round recorded", 10)
+    wait_for(lambda: log.counts()["state", "failed"] == 1, "the failed round recorded", 10)
 
 
 def test_a_prescheduled_state_round_looks_from_its_scheduled_start(peer):

@@ -19,6 +19,7 @@ import torch
 
 from swarmd.config.schema import SwarmdConfig
 from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
+from daemons import wait_for
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -101,13 +102,6 @@ def _train_step(peer, seed: int, compute_seconds: float = 0.0) -> None:
     model.zero_grad()
 
 
-def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _relative_difference(grad_averager) -> float:
     """Between the averaged gradient in the averager's buffers and this peer's own contribution to that round."""
     with grad_averager.get_tensors() as averaged:
@@ -139,7 +133,7 @@ def _outrun_a_download(swarm, make_joiner, seeds):
         joiner[2].load_state_from_peers()
         assert joiner[2].local_epoch == 2 and joiner[2].state_loads_total == 1
         _train_alone_to_epoch(swarm, 4, seeds)  # "during the download": two more epochs, its rounds find nobody
-        _wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch")
+        wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch")
         _train_step(joiner, next(seeds))  # behind: upstream would download again
     except BaseException:
         joiner[2].shutdown()  # the caller never gets it to shut down
@@ -232,7 +226,7 @@ def _train_together_until(peers, done, seeds, what: str, timeout: float = 90) ->
     for thread in threads:
         thread.start()
     try:
-        _wait_for(lambda: done() or failures, what, timeout=timeout)
+        wait_for(lambda: done() or failures, what, timeout=timeout)
     finally:
         stop.set()
         for thread in threads:
@@ -371,7 +365,7 @@ def test_a_sync_peer_the_swarm_outran_during_its_download_catches_up_by_averagin
         for thread in threads:
             thread.start()
         try:
-            _wait_for(lambda: not joiner[2].catching_up or failures, "the joiner to catch up", timeout=90)
+            wait_for(lambda: not joiner[2].catching_up or failures, "the joiner to catch up", timeout=90)
         finally:
             stop.set()
             for thread in threads:
