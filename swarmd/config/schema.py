@@ -285,6 +285,13 @@ class SwarmConfig(StrictModel):
         "matchmaking times; a peer that found none by then came after the swarm's round and trains on (its next "
         "step waits on the round). 0: as long as averaging_timeout, hivemind's way. docs/PERFORMANCE.md section 5.",
     )
+    round_epoch_check: bool = Field(
+        True,
+        description="Every gradient round sends the epoch its peer averages; a sync peer whose group averaged a later "
+        "epoch (it was one behind: hivemind matches rounds without their epochs) takes the swarm's parameters again "
+        "at its next step, instead of training one epoch behind until hivemind's once-an-epoch check sends it to "
+        "download the whole state. false: hivemind's way. docs/PERFORMANCE.md section 5.",
+    )
     catch_up_by_averaging: Optional[bool] = Field(
         None,
         description="A peer whose state download ended with the swarm further on (epochs shorter than a download) "
@@ -713,6 +720,7 @@ RUN_WIDE_KEYS: dict[str, bool] = {
     "swarm.auxiliary": False,  # this peer's role
     "swarm.exclusion": False,  # whom this peer refuses on evidence: each peer's own judgement
     "swarm.state_round_search": False,  # how long this peer looks for a state round it may have come late to
+    "swarm.round_epoch_check": False,  # whether this peer acts on a round's group being an epoch ahead of it
     "training": True,  # batch size, precision, seed, max_epochs
     "training.device": False,
     "training.devices": False,

@@ -39,7 +39,7 @@ class _AdamProbe(_Probe):
 
 def _peer(
     dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, task_class=_Probe,
-    refresh_parameters: bool = True, **tracker_opts,
+    refresh_parameters: bool = True, matchmaking_time: float = 1.0, round_epoch_check: bool = True, **tracker_opts,
 ):
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategies import build_swarm_optimizer
@@ -49,14 +49,15 @@ def _peer(
             "run_id": _run_id(tmp_path),
             "swarm": {
                 "target_batch_size": 2 * BATCH,  # epochs the two peers share once both train
-                "matchmaking_time": 1.0,
-                "averaging_timeout": 5.0,
+                "matchmaking_time": matchmaking_time,
+                "averaging_timeout": max(5.0, 3 * matchmaking_time),
                 "prescheduled_averaging": False,
                 "grad_compression": "none",
                 "state_averaging_compression": "none",  # fp16 would blur the 1e-6 weight the test measures
                 "average_state_every": STATE_EVERY,
                 "offload_optimizer": offload_optimizer,
                 "refresh_parameters": refresh_parameters,
+                "round_epoch_check": round_epoch_check,
                 **({} if catch_up_by_averaging is None else {"catch_up_by_averaging": catch_up_by_averaging}),
                 "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2, **tracker_opts},
             },
@@ -208,6 +209,91 @@ def test_by_default_a_sync_peer_the_swarm_outran_takes_its_parameters_again(dht,
         assert _live_state_pointers(swarm[2]) == downloaded["live"], "serving a download moved the live tensors"
     finally:
         _close(swarm, joiner, other_dht)
+
+
+def test_a_peer_whose_round_was_the_swarms_next_takes_its_parameters_again(dht, tmp_path):
+    """The chase of docs/PERFORMANCE.md section 5: a peer one epoch behind (its download ended as the swarm stepped)
+    is matched with the swarm's next gradient round, since hivemind's group keys carry no epoch; each side counts one
+    epoch on, and it stays one behind until upstream's once-an-epoch exact check happens to see it and sends it to
+    download the whole state. The round told it (swarm/round_epochs.py): at its next step it takes the swarm's
+    parameters, a third of the bytes. Without the check (`round_epoch_check: false`) it trains on one behind or
+    downloads the whole state, and this test fails either way."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    # matchmaking of 2 s: the joiner's round, begun while the swarm's looks for its group, finds it
+    swarm = _peer(dht, tmp_path, True, None, _AdamProbe, matchmaking_time=2.0)
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        _train_alone_to_epoch(swarm, 2, seeds)
+        joiner = _peer(other_dht, tmp_path, True, None, _AdamProbe, matchmaking_time=2.0, private_key=RSAPrivateKey())
+        joiner[2].load_state_from_peers()
+        assert joiner[2].local_epoch == 2
+        _train_alone_to_epoch(swarm, 3, seeds)  # the swarm steps as the download ends
+        # The joiner as the chase leaves it: it has trained at epoch 2 (so it publishes its progress, and the swarm
+        # counts it), and upstream's once-an-epoch exact check passed before the swarm stepped. (Its own first step
+        # cannot set this up: the idle swarm's record extrapolates to a finished epoch, and a step would end it.)
+        joiner[2].tracker.note_contribution(2, BATCH)
+        joiner[2].tracker.report_local_progress(2, 0)
+        joiner[2]._should_check_synchronization_on_update = False
+        wait_for(lambda: swarm[2].tracker.global_progress.num_peers == 2, "the swarm to see the joiner")
+        wait_for(lambda: (joiner[2].tracker.global_epoch, joiner[2].tracker.global_progress.num_peers) == (3, 2),
+                 "the joiner to see the swarm at epoch 3")
+
+        stepped = threading.Thread(target=_train_alone_to_epoch, args=(swarm, 4, seeds))
+        stepped.start()
+        try:
+            wait_for(lambda: _looking_for_a_group(swarm[2]), "the swarm's round of epoch 3 to begin")
+            _train_step(joiner, next(seeds))  # one behind (2 of 3): upstream lets it train, its round is the swarm's
+        finally:
+            stepped.join(30)
+        round_ = joiner[3].last("gradients")
+        assert round_.outcome == "success" and round_.group_size == 2, f"not the swarm's round: {round_}"
+        assert (joiner[2].local_epoch, swarm[2].local_epoch) == (3, 4)  # still one behind, as before the round
+
+        _train_step(joiner, next(seeds))
+        assert joiner[2].parameter_refreshes_total == 1, "the joiner did not take the swarm's parameters again"
+        assert joiner[2].state_loads_total == 2  # the download and the refresh, no second whole download
+        assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
+    finally:
+        _close(swarm, joiner, other_dht)
+
+
+def test_a_gradient_round_given_up_on_looks_for_no_group_after(dht, tmp_path):
+    """A round begun without a pre-scheduled group has no deadline in the averager's process (upstream's step passes
+    timeout=None): the peer gave it up at averaging_timeout and stepped on its own gradient, but its averager
+    looked on, and a later round of another peer found it and took its old gradient as a success (seen while
+    writing the test above). The round given up on is cancelled: the other peer's round, alone, fails."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, True, None, _AdamProbe)
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        joiner = _peer(other_dht, tmp_path, True, None, _AdamProbe, private_key=RSAPrivateKey())
+        # each takes a step (a peer publishes its progress once it has contributed samples), then the other stops
+        _train_step(swarm, next(seeds))
+        joiner[2].load_state_from_peers()
+        _train_step(joiner, next(seeds))
+        wait_for(lambda: swarm[2].tracker.global_progress.num_peers == 2, "the swarm to see the other peer")
+        _train_alone_to_epoch(swarm, 1, seeds)  # its round finds nobody: the other peer does not step
+        given_up = swarm[3].last("gradients")
+        assert given_up.outcome == "failed" and "TimeoutError" in given_up.error, given_up
+        assert swarm[2].scheduled_grads.cancelled()
+
+        joiner[2].load_state_from_peers()  # at the swarm's epoch, so that its round is its next
+        _train_alone_to_epoch(joiner, 2, seeds)
+        round_ = joiner[3].last("gradients")
+        assert round_.outcome == "failed", f"the other peer's round found the round given up on: {round_}"
+    finally:
+        _close(swarm, joiner, other_dht)
+
+
+def _looking_for_a_group(optimizer) -> bool:
+    control = optimizer.scheduled_grads
+    return control is not None and control.triggered and not control.done()
 
 
 def _train_together_until(peers, done, seeds, what: str, timeout: float = 90) -> None:

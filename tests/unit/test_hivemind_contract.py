@@ -180,6 +180,8 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     # --- GradientAverager (hivemind/optim/grad_averager.py) ------------------------------------------------------
     (GradientAverager, "step", "method", ("weight", "...")),  # gradient_averager
     (GradientAverager, "load_accumulators_into_averager_", "method", ()),  # gradient_averager
+    (GradientAverager, "schedule_step", "method", ("scheduled_time", "**kwargs")),  # gradient_averager: the round's epoch
+    (GradientAverager, "step", "source", ("control = self.schedule_step(timeout=timeout, **kwargs)",)),  # gradient_averager: every round begins there
 
     # --- Optimizer (hivemind/optim/optimizer.py): SwarmOptimizer subclasses it (DiLoCo's optimizer does not) ------
     (Optimizer, "_make_state_averager", "method", ("**kwargs",)),  # optimizer
@@ -197,6 +199,8 @@ CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module o
     (Optimizer, "average_state_every", "attribute", ()),  # optimizer: a property there, which upstream's __init__ sets
     (Optimizer, "step", "method", ("closure", "batch_size", "grad_scaler")),  # optimizer
     (Optimizer, "load_state_from_peers", "method", ("**kwargs",)),  # optimizer
+    (Optimizer, "_should_load_state_from_peers", "method", ()),  # optimizer: behind a round's group
+    (Optimizer, "step", "source", ("self._should_load_state_from_peers()", "self.load_state_from_peers()")),  # optimizer
 
     # --- ProgressTracker (hivemind/optim/progress_tracker.py) ----------------------------------------------------
     (ProgressTracker, "_parse_swarm_progress_data", "method", ("metadata",)),  # progress, outer_round

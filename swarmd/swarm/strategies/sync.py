@@ -21,6 +21,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
         **shared_optimizer_options(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log),
         refresh_parameters=swarm.refresh_parameters,
         state_round_search=swarm.state_round_search,
+        round_epoch_check=swarm.round_epoch_check,
         catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
         prescheduled_averaging=swarm.prescheduled_averaging,
         clip_local_grad_norm=swarm.clip_local_grad_norm,

@@ -35,8 +35,18 @@ class AdmittingGradientAverager(UpstreamRpcNames, GradientAverager, AdmitsAllowe
         kwargs.setdefault("allow_state_sharing", False)
         super().__init__(*args, **kwargs)
 
+    # the epoch this peer's next round averages, sent with it to the group (swarm/round_epochs.py); the optimizer
+    # sets it before each round is scheduled or begun; None: nothing sent, as upstream
+    round_epoch: Optional[int] = None
+
     def step(self, weight: Optional[float] = None, *args, **kwargs):
         return super().step(self.round_weight if weight is None else weight, *args, **kwargs)
+
+    def schedule_step(self, scheduled_time: Optional[float] = None, **kwargs):
+        # every round begins here: a pre-scheduled one, and one that step() begins without a scheduled group
+        if self.round_epoch is not None:
+            kwargs.setdefault("gather", self.round_epoch)
+        return super().schedule_step(scheduled_time, **kwargs)
 
 
 class GradientAveragerKeepingOwn(AdmittingGradientAverager):

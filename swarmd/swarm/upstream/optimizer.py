@@ -20,6 +20,9 @@ gradient_averager.py) with these changes, each overriding one method:
   while the next optimizer step waits for it; swarm/upstream/state_averager.py);
 - after a download that the swarm outran, the peer takes the swarm's parameters again without the optimizer's
   statistics (a third of the bytes) instead of downloading the whole state again (swarm/upstream/parameter_refresh.py);
+- every gradient round sends the epoch it averages, and a peer whose group averaged a later epoch (it was one
+  behind: hivemind's group keys carry no epoch) takes the swarm's parameters again at its next step, instead of
+  training one behind until upstream's once-an-epoch exact check sees it (swarm/round_epochs.py);
 - when a state average is applied, how far this peer's parameters were from it is measured (the drift);
 - progress is published to the DHT every quarter of the time left to the epoch's end (0.5-10 s) instead of
   after every step (progress.py); every averager paces its DHT requests (averager_pace.py).
@@ -37,6 +40,7 @@ from hivemind.optim import Optimizer
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
+from swarmd.swarm.round_epochs import epoch_the_others_averaged, gathered_epoch
 from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.peer_parts import (
@@ -92,6 +96,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         load_state_attempts: int = 3,
         refresh_parameters: bool = True,
         state_round_search: float = STATE_ROUND_SEARCH,
+        round_epoch_check: bool = True,
         state_stream: bool = True,
         catch_up_by_averaging: bool = False,
         prescheduled_averaging: bool = True,
@@ -103,6 +108,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.refresh_parameters = refresh_parameters
+        self.round_epoch_check = round_epoch_check
+        # the swarm's epoch as a gradient round told it, where that round's group was ahead of this peer
+        self._swarm_epoch_from_round: Optional[int] = None
         self.state_stream = state_stream
         self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
@@ -197,6 +205,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             restart_implausible_statistics(averager.optimizer, gradients)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        self.grad_averager.round_epoch = self.local_epoch  # sent with the round (swarm/round_epochs.py)
         began = super()._begin_averaging_gradients(grad_scaler)
         if not began:  # alone in the swarm (or the round could not start): the step uses local gradients
             self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
@@ -219,11 +228,16 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
                     missing, time.perf_counter() - started, RoundTimeline.of(maybe_step_control)
                 )
                 return
+            self._note_the_rounds_epoch(group_info)
             implausible = self._implausible_average()
             if implausible:
                 self._replace_average_with_own_gradients()
             self._load_averaged_gradients_into_optimizer_()
         except BaseException as e:
+            # A round begun without a pre-scheduled group has no deadline in the averager's process (upstream's
+            # step passes timeout=None): given up on here, it would look for a group on, find another peer's
+            # next round, and average this epoch's gradient into it as a success of that peer's
+            maybe_step_control.cancel()
             logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
             self.averaging_log.record(
                 "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
@@ -305,6 +319,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         return self.tracker.global_progress.num_peers <= 1
 
     def _maybe_schedule_gradient_averaging(self) -> None:
+        self.grad_averager.round_epoch = self.local_epoch  # a round scheduled now averages this epoch's gradients
         if self.prescheduled_averaging and not self._alone():
             super()._maybe_schedule_gradient_averaging()
         elif self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done()):
@@ -331,6 +346,26 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
     def average_state_every(self, every: int) -> None:
         self._average_state_every = every
 
+    # --- a round whose group was ahead: the swarm has moved on without this peer ----------------------------
+
+    def _note_the_rounds_epoch(self, group_info) -> None:
+        """Where most of the round's other members averaged a later epoch than this peer (it was one behind, and
+        is still: each side counts one epoch on), remember the swarm's epoch after the round for the next step."""
+        ahead = epoch_the_others_averaged(group_info, self.dht.peer_id) if self.round_epoch_check else None
+        if ahead is not None and not self.catching_up:  # a peer catching up holds the swarm's epoch on purpose
+            own = gathered_epoch(group_info.get(self.dht.peer_id))
+            logger.info(
+                "This peer averaged its epoch %s's gradients with a group at epoch %d: the swarm has moved on "
+                "without it; taking its parameters again", own, ahead,
+            )
+            self._swarm_epoch_from_round = ahead + 1
+
+    def _should_load_state_from_peers(self) -> bool:
+        behind_the_round = self._swarm_epoch_from_round is not None and self.local_epoch < self._swarm_epoch_from_round
+        if not behind_the_round:
+            self._swarm_epoch_from_round = None  # caught up meanwhile (a download, a state round)
+        return behind_the_round or super()._should_load_state_from_peers()
+
     # --- bounded state download, or catching up by averaging ----------------------------------------------
 
     def load_state_from_peers(self, **kwargs):
@@ -345,7 +380,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             if self._should_catch_up_by_averaging():
                 self._catch_up_by_averaging()
             else:
-                refreshed = self._download_parameters_again()
+                behind_the_round, self._swarm_epoch_from_round = self._swarm_epoch_from_round is not None, None
+                refreshed = self._download_parameters_again(behind_the_round)
                 if not refreshed:
                     self.downloads.download(self.state_averager, **kwargs)
                 self.catching_up = False  # the swarm's own state (its weights and sharing: just below)
@@ -357,13 +393,14 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
                 self._set_inexact_state(refreshed or one_behind)
             self._start_epoch_afresh()
 
-    def _download_parameters_again(self) -> bool:
+    def _download_parameters_again(self, behind_the_round: bool = False) -> bool:
         """A download since the last global step already ended behind the swarm (its epochs are shorter than a
-        download): take the swarm's parameters again without the optimizer statistics, a third of the bytes
-        (swarm/upstream/parameter_refresh.py). False where that does not apply or no peer sent them: download the state."""
+        download), or a gradient round's group was an epoch ahead (`behind_the_round`): take the swarm's parameters
+        again without the optimizer statistics, a third of the bytes (swarm/upstream/parameter_refresh.py). False
+        where that does not apply or no peer sent them: download the state."""
         if not (
             self.refresh_parameters
-            and self._downloads_since_global_step >= 1
+            and (self._downloads_since_global_step >= 1 or behind_the_round)
             and self._refreshes_since_download < MAX_REFRESHES_PER_DOWNLOAD
             and not self.auxiliary
         ):
@@ -381,8 +418,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.parameter_refreshes_total += 1
         self.downloads.total += 1  # a load from peers all the same: e.g. the worker's parameter guard lets it pass
         logger.info(
-            "The swarm outran the state download: took its parameters again, of epoch %d, in %.1f s "
+            "The swarm outran %s: took its parameters again, of epoch %d, in %.1f s "
             "(refresh #%d; the optimizer statistics stay those of the download)",
+            "this peer's last round" if behind_the_round else "the state download",
             self.local_epoch, time.monotonic() - started, self.parameter_refreshes_total,
         )
         return True

@@ -1,0 +1,43 @@
+"""The epochs a gradient round's members averaged, from what each sent with the round.
+
+hivemind's group keys carry no epoch: a peer one epoch behind the swarm (a state download that ended as the others
+stepped) is matched with the swarm's next round, both sides count one epoch on, and it stays one behind, each
+round, until hivemind's once-an-epoch check of the exact epoch happens to see it and sends it to download the
+whole state again (docs/PERFORMANCE.md section 5, "the chase"). So every swarmd gradient round sends the epoch its
+peer averages (hivemind's `gather`), and a peer whose group averaged a later epoch knows at once that the swarm
+has moved on without it.
+
+What other peers send is a claim: an epoch that is not a plain non-negative int is ignored (a plain hivemind peer
+sends None), and one member cannot move this peer: only where most of the members that sent an epoch are ahead.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["MAX_ROUND_EPOCH", "gathered_epoch", "epoch_the_others_averaged"]
+
+# far beyond any run's epochs; a larger claim is malformed
+MAX_ROUND_EPOCH = 2**40
+
+
+def gathered_epoch(value) -> Optional[int]:
+    """The epoch a member sent with the round, or None where it sent none (plain hivemind) or nothing plausible."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_ROUND_EPOCH:
+        return None
+    return value
+
+
+def epoch_the_others_averaged(gathered: dict, own_key) -> Optional[int]:
+    """The epoch the round's other members averaged where it is later than this peer's (its own entry, `own_key`),
+    or None: the members agree with it, most sent no epoch, or most are not ahead. Of the members ahead, their lower
+    median: a minority's larger claims cannot raise it."""
+    own = gathered_epoch(gathered.get(own_key))
+    if own is None:
+        return None
+    others = [epoch for key, value in gathered.items() if key != own_key
+              for epoch in (gathered_epoch(value),) if epoch is not None]
+    ahead = sorted(epoch for epoch in others if epoch > own)
+    if 2 * len(ahead) <= len(others):
+        return None
+    return ahead[(len(ahead) - 1) // 2]
