@@ -56,6 +56,9 @@ MODES = {
     # the sync default, downloading by hivemind's RPC (protobuf parts) instead of swarmd's state stream
     "parameters again, by RPC": {"catch_up_by_averaging": False, "refresh_parameters": True, "state_stream": False},
     # the sync default with hivemind's search for a state round's group (as long as averaging_timeout)
+    # the sync default without the round's epochs: a joiner one behind learns it from upstream's exact check only
+    "parameters again, without the round's epochs": {"catch_up_by_averaging": False, "refresh_parameters": True,
+                                                      "round_epoch_check": False},
     "parameters again, upstream's state round search": {"catch_up_by_averaging": False, "refresh_parameters": True,
                                                          "state_round_search": 0},
 }
@@ -113,15 +116,21 @@ JOINED_EPOCH = re.compile(r"joining the swarm's epoch (\d+)")
 
 class EpochWatch:
     """The joiner's local epoch at each look: the longest it stood at one epoch, seconds (one epoch's length in a
-    joiner that keeps up; a state round it waits on, or a chase of downloads, shows as far more)."""
+    joiner that keeps up; a state round it waits on, or a chase of downloads, shows as far more); and, given the
+    insider's epoch at the same look, the seconds it was behind the insider (from each look to the next, as the
+    look found it: an epoch's end shows for a look or two; a joiner one behind each round shows as most of it)."""
 
     def __init__(self):
         self.epoch, self.since, self.longest = None, 0.0, 0.0
+        self.behind, self._last_look, self._was_behind = 0.0, None, False
 
-    def see(self, epoch: int, now: float) -> None:
+    def see(self, epoch: int, now: float, insiders_epoch: int | None = None) -> None:
         if epoch != self.epoch:
             self.epoch, self.since = epoch, now
         self.longest = max(self.longest, now - self.since)
+        if self._was_behind:
+            self.behind += now - self._last_look
+        self._last_look, self._was_behind = now, insiders_epoch is not None and epoch < insiders_epoch
 
 
 def drop_page_cache(path: str = DROP_CACHES) -> None:
@@ -238,12 +247,13 @@ def join_once(root: Path, env: dict, args, index: int, mode: dict, layout: str =
             watch = EpochWatch()
 
             def ten_epochs_on(status) -> bool:
-                watch.see(c.status()["local_epoch"], time.monotonic())
+                watch.see(c.status()["local_epoch"], time.monotonic(), status["local_epoch"])
                 return status["local_epoch"] > last
 
             a.wait_status(ten_epochs_on, 300, "ten epochs with the joiner")
-            after = {"longest_stand": watch.longest,
-                     "downloads_after": len(stamps(c.log, DOWNLOADED)) - count_until(log, DOWNLOADED, averaged_at)}
+            after = {"longest_stand": watch.longest, "behind_after": watch.behind,
+                     "downloads_after": len(stamps(c.log, DOWNLOADED)) - count_until(log, DOWNLOADED, averaged_at),
+                     "refreshes_after": len(stamps(c.log, REFRESHED)) - count_until(log, REFRESHED, averaged_at)}
         loss_before, loss_worst = insiders_loss(a.status(), first, last)
         dht_up = when(log, "DHT is up")
         joined = when(log, "Joined run")  # the optimizer (and its averagers) built
@@ -290,6 +300,8 @@ ROWS = [
     ("insider's worst epoch loss meanwhile / before (x)", "loss_jump"),
     ("the joiner's longest time at one epoch in the ten after (s)", "longest_stand"),
     ("its state downloads in those ten epochs (count)", "downloads_after"),
+    ("its parameter refreshes in those ten epochs (count)", "refreshes_after"),
+    ("its time behind an insider's epoch in those ten epochs (s)", "behind_after"),
 ]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["MAX_ROUND_EPOCH", "gathered_epoch", "epoch_the_others_averaged"]
+__all__ = ["MAX_ROUND_EPOCH", "gathered_epoch", "epoch_the_others_averaged", "behind_as_told"]
 
 # far beyond any run's epochs; a larger claim is malformed
 MAX_ROUND_EPOCH = 2**40
@@ -41,3 +41,11 @@ def epoch_the_others_averaged(gathered: dict, own_key) -> Optional[int]:
     if 2 * len(ahead) <= len(others):
         return None
     return ahead[(len(ahead) - 1) // 2]
+
+
+def behind_as_told(told: Optional[int], local_epoch: int, records_epoch: int) -> bool:
+    """Whether this peer is behind the swarm's epoch that its last round `told` (None: it told nothing), with the
+    progress records' epoch agreeing. A group's claim alone moves nothing: a liar in a round of two would otherwise
+    have this peer take the parameters again every round; with records of its own ahead it moves upstream's exact
+    check of the epoch as well, so the round's word adds nothing to what a liar can do."""
+    return told is not None and local_epoch < told and local_epoch < records_epoch

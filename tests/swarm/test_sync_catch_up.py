@@ -252,6 +252,8 @@ def test_a_peer_whose_round_was_the_swarms_next_takes_its_parameters_again(dht, 
         assert round_.outcome == "success" and round_.group_size == 2, f"not the swarm's round: {round_}"
         assert (joiner[2].local_epoch, swarm[2].local_epoch) == (3, 4)  # still one behind, as before the round
 
+        # the round's word is taken once the progress records agree (a member's claim alone moves nothing)
+        wait_for(lambda: joiner[2].tracker.global_epoch == 4, "the joiner to see the swarm's epoch 4")
         _train_step(joiner, next(seeds))
         assert joiner[2].parameter_refreshes_total == 1, "the joiner did not take the swarm's parameters again"
         assert joiner[2].state_loads_total == 2  # the download and the refresh, no second whole download

@@ -94,3 +94,13 @@ def test_the_joiners_longest_stand_at_one_epoch_is_timed_between_its_changes():
         watch.see(epoch, now)
     assert watch.longest == 22.5  # epoch 6, from 3.0 to 25.5: the stand of a peer waiting on a state round
     assert join_time.EpochWatch().longest == 0.0
+
+
+def test_the_epoch_watch_adds_up_the_time_behind_the_insider():
+    watch = join_time.EpochWatch()
+    looks = [(5, 0.0, 5), (5, 1.0, 6), (6, 3.0, 6), (6, 4.0, 7), (6, 4.5, 7), (7, 6.0, 7), (7, 7.0, 7)]
+    for epoch, now, insiders in looks:
+        watch.see(epoch, now, insiders)
+    assert watch.behind == 2.0 + 2.0  # from 1.0 to 3.0, and from 4.0 to 6.0
+    watch.see(8, 9.0)  # no insider's epoch: not counted as behind
+    assert watch.behind == 4.0

@@ -1,7 +1,7 @@
 """The epochs a gradient round's members sent (swarm/round_epochs.py): what makes a peer take the swarm's
 parameters again after a round whose group was ahead of it, and what it ignores."""
 
-from swarmd.swarm.round_epochs import MAX_ROUND_EPOCH, epoch_the_others_averaged, gathered_epoch
+from swarmd.swarm.round_epochs import MAX_ROUND_EPOCH, behind_as_told, epoch_the_others_averaged, gathered_epoch
 
 
 def test_an_epoch_is_a_plain_int_in_range():
@@ -37,3 +37,10 @@ def test_members_that_sent_no_epoch_are_not_counted():
 def test_without_its_own_epoch_a_peer_compares_nothing():
     assert epoch_the_others_averaged({"me": None, "a": 10}, "me") is None
     assert epoch_the_others_averaged({"a": 10}, "me") is None
+
+
+def test_the_rounds_word_is_taken_once_the_progress_records_agree():
+    assert behind_as_told(told=10, local_epoch=9, records_epoch=10)
+    assert not behind_as_told(told=10, local_epoch=9, records_epoch=9)  # a claim alone: nothing yet
+    assert not behind_as_told(told=None, local_epoch=9, records_epoch=10)  # upstream's own check decides that
+    assert not behind_as_told(told=10, local_epoch=10, records_epoch=11)  # caught up with what the round said

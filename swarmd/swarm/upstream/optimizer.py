@@ -40,7 +40,7 @@ from hivemind.optim import Optimizer
 from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
-from swarmd.swarm.round_epochs import epoch_the_others_averaged, gathered_epoch
+from swarmd.swarm.round_epochs import behind_as_told, epoch_the_others_averaged, gathered_epoch
 from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.peer_parts import (
@@ -350,21 +350,27 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
 
     def _note_the_rounds_epoch(self, group_info) -> None:
         """Where most of the round's other members averaged a later epoch than this peer (it was one behind, and
-        is still: each side counts one epoch on), remember the swarm's epoch after the round for the next step."""
+        is still: each side counts one epoch on), remember the swarm's epoch after the round for the next steps;
+        each round replaces what the last one said."""
         ahead = epoch_the_others_averaged(group_info, self.dht.peer_id) if self.round_epoch_check else None
-        if ahead is not None and not self.catching_up:  # a peer catching up holds the swarm's epoch on purpose
-            own = gathered_epoch(group_info.get(self.dht.peer_id))
+        if ahead is not None and self.catching_up:
+            ahead = None  # a peer catching up holds the swarm's epoch with an older state on purpose
+        if ahead is not None:
             logger.info(
                 "This peer averaged its epoch %s's gradients with a group at epoch %d: the swarm has moved on "
-                "without it; taking its parameters again", own, ahead,
+                "without it", gathered_epoch(group_info.get(self.dht.peer_id)), ahead,
             )
-            self._swarm_epoch_from_round = ahead + 1
+        self._swarm_epoch_from_round = None if ahead is None else ahead + 1
 
     def _should_load_state_from_peers(self) -> bool:
-        behind_the_round = self._swarm_epoch_from_round is not None and self.local_epoch < self._swarm_epoch_from_round
-        if not behind_the_round:
+        """Upstream's check, and: behind the epoch the last round said the swarm is at, once the progress records
+        say so too (round_epochs.behind_as_told; honest peers publish a new epoch at once, progress.py, seen here
+        within a fetch: 0.1-0.5 s)."""
+        if self._swarm_epoch_from_round is not None and self.local_epoch >= self._swarm_epoch_from_round:
             self._swarm_epoch_from_round = None  # caught up meanwhile (a download, a state round)
-        return behind_the_round or super()._should_load_state_from_peers()
+        if behind_as_told(self._swarm_epoch_from_round, self.local_epoch, self.tracker.global_epoch):
+            return True
+        return super()._should_load_state_from_peers()
 
     # --- bounded state download, or catching up by averaging ----------------------------------------------
 
