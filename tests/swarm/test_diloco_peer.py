@@ -13,6 +13,7 @@ import torch
 from swarmd.config.schema import SwarmdConfig
 from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 from swarmd.tasks.base import StepOutput
+from daemons import wait_for
 from probe_task import ProbeTask, make_probe, probe_model
 
 BATCH = 8
@@ -278,7 +279,7 @@ def test_a_failed_round_and_a_garbage_average_fall_back_to_the_own_pseudo_gradie
     try:
         # Round 0: the garbage peer is in the swarm (it took a step) but never comes to the round: it fails.
         _train(*garbage[:3], [100])
-        _wait_for(lambda: honest[2].tracker.other_peers == 1, "the honest peer to see the other")
+        wait_for(lambda: honest[2].tracker.other_peers == 1, "the honest peer to see the other")
         reference = _Reference()
         _train(*honest[:3], range(H))
         reference.inner_steps(range(H))
@@ -377,7 +378,7 @@ def _round_together(peers, seeds):
     """H - 1 inner steps each, then (once they see each other) the last one at once: one outer round together."""
     for peer in peers:
         _train(*peer[:3], seeds[:-1])
-    _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+    wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
     threads = [threading.Thread(target=_train, args=(*peer[:3], seeds[-1:])) for peer in peers]
     for thread in threads:
         thread.start()
@@ -561,15 +562,6 @@ def test_a_round_that_found_no_group_while_the_swarm_is_past_its_step_takes_the_
         optimizer.shutdown()
 
 
-def _wait_for(condition, what: str, timeout: float = 30.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_round_ends(dht, tmp_path):
     """Matchmaking begins before the H-th inner step (as hivemind pre-schedules a synchronous gradient round) and
     the all-reduce waits for it: the round then averages the pseudo-gradients of the H-th step, exactly."""
@@ -585,16 +577,16 @@ def test_an_outer_round_scheduled_during_the_last_inner_steps_averages_once_the_
         for peer, ref, own in zip(peers, reference, seeds):
             _train(*peer[:3], own[:-1])
             ref.inner_steps(own[:-1])
-        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+        wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
 
         def scheduled(optimizer) -> bool:  # as step() does after each inner step
             optimizer._maybe_schedule_outer_round()
             return optimizer._scheduled_round is not None
 
         # once each peer's view of the swarm says the slowest peer is within matchmaking_time of its H-th step
-        _wait_for(lambda: all(scheduled(peer[2]) for peer in peers), "the outer round to be scheduled")
+        wait_for(lambda: all(scheduled(peer[2]) for peer in peers), "the outer round to be scheduled")
         controls = [peer[2]._scheduled_round[1] for peer in peers]
-        _wait_for(lambda: all(control.stage == AveragingStage.AWAITING_TRIGGER for control in controls),
+        wait_for(lambda: all(control.stage == AveragingStage.AWAITING_TRIGGER for control in controls),
                   "the group to form before the H-th step")
         threads = [threading.Thread(target=_train, args=(*peer[:3], own[-1:])) for peer, own in zip(peers, seeds)]
         for thread in threads:
@@ -644,7 +636,7 @@ def test_a_peer_faster_than_the_other_waits_for_it_and_says_how_long(dht, tmp_pa
     try:
         _train(*peers[0][:3], [0])  # a peer is in the swarm's progress once it has reported a step
         slowly(peers[1], [100])
-        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+        wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
         threads = [threading.Thread(target=_train, args=(*peers[0][:3], range(1, H))),
                    threading.Thread(target=slowly, args=(peers[1], range(101, 100 + H)))]
         for thread in threads:
@@ -681,7 +673,7 @@ def test_a_peer_the_swarm_outruns_during_its_downloads_catches_up_by_averaging(d
             # while the joiner "downloads", the swarm takes two outer steps (the joiner never comes: local ones)
             _train(*swarm[:3], [next(seeds) for _ in range(2 * H)])
             epoch = swarm[2].local_epoch
-            _wait_for(lambda: joiner[2].tracker.global_epoch == epoch, "the joiner to see the swarm's epoch")
+            wait_for(lambda: joiner[2].tracker.global_epoch == epoch, "the joiner to see the swarm's epoch")
             _train(*joiner[:3], [next(seeds)])  # behind: a download the first time, catching up the second
         assert joiner[3].summary().counts.get(("state", "success"), 0) == 0
         assert joiner[2].catching_up and joiner[2].local_epoch == swarm[2].local_epoch == 6
@@ -692,7 +684,7 @@ def test_a_peer_the_swarm_outruns_during_its_downloads_catches_up_by_averaging(d
         round_seeds = [next(seeds) for _ in range(H)]
         expected = _outer_step_alone(swarm, round_seeds)
         _train(*swarm[:3], round_seeds[:-1])
-        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (swarm, joiner)), "the peers to meet")
+        wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (swarm, joiner)), "the peers to meet")
         threads = [threading.Thread(target=_train, args=(*swarm[:3], round_seeds[-1:])),
                    threading.Thread(target=_train, args=(*joiner[:3], [next(seeds)]))]  # joins the round's end
         for thread in threads:
@@ -768,7 +760,7 @@ def test_an_overlapped_round_sends_before_the_round_ends_and_mixes_the_outer_ste
     try:
         for peer, own in zip(peers, seeds):
             _train(*peer[:3], own[:1])  # reports progress: the peers see each other
-        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
+        wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in peers), "the peers to see each other")
         threads = [threading.Thread(target=_train, args=(*peer[:3], own[1:])) for peer, own in zip(peers, seeds)]
         for thread in threads:
             thread.start()
@@ -815,7 +807,7 @@ def test_a_peer_that_took_a_state_past_the_send_step_downloads_the_outer_step_on
     try:
         for peer in (first, second):
             _train(*peer[:3], [0])
-        _wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (first, second)), "the peers to see each other")
+        wait_for(lambda: all(peer[2].tracker.other_peers == 1 for peer in (first, second)), "the peers to see each other")
         threads = [threading.Thread(target=_train, args=(*peer[:3], [1, 2])) for peer in (first, second)]
         for thread in threads:
             thread.start()
@@ -827,7 +819,7 @@ def test_a_peer_that_took_a_state_past_the_send_step_downloads_the_outer_step_on
                        tracker_opts={"private_key": RSAPrivateKey()})
         joiner[2].load_state_from_peers()
         assert (joiner[2].local_epoch, joiner[2].round_steps) == (0, 3)  # inside the overlap steps
-        _wait_for(lambda: joiner[2].tracker.other_peers == 2, "the joiner to see the swarm")
+        wait_for(lambda: joiner[2].tracker.other_peers == 2, "the joiner to see the swarm")
         threads = [threading.Thread(target=_train, args=(*peer[:3], [3])) for peer in (first, second, joiner)]
         for thread in threads:
             thread.start()

@@ -8,8 +8,6 @@ Two in-process peers per strategy on two real DHTs: an outsider that offers its 
 names only itself; then the list names the outsider too, and the same download goes through.
 """
 
-import time
-
 import pytest
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht.routing import DHTID
@@ -22,6 +20,7 @@ from swarmd.swarm.upstream.averager_gate import AdmitsAllowedPeers
 from swarmd.swarm.upstream.dht_process import ToleratesExitedCallers
 from swarmd.swarm.upstream.record_gate import AllowListValidator
 from swarmd.swarm.strategies import strategy_of
+from daemons import wait_for
 from probe_task import ProbeTask, make_probe
 
 BATCH = 8
@@ -71,13 +70,6 @@ def _record(key: str, peer_id) -> DHTRecord:
     return DHTRecord(DHTID.generate(source=key).to_bytes(), subkey, MSGPackSerializer.dumps(1.0), 0.0)
 
 
-def _wait_for(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 @pytest.mark.parametrize("strategy", list(SETTINGS))
 def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tmp_path, strategy):
     """The insider neither takes the outsider's state nor lets it into a round; the outsider, refused, is told why
@@ -114,7 +106,8 @@ def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tm
 
         # the outsider's offer reaches the insider (its DHT has no gate here), and is not taken
         key = f"{insider.state_averager.prefix}.all_averagers"
-        _wait_for(lambda: _offers(insider_dht, key, outsider_dht.peer_id), "the outsider's offer of its state")
+        wait_for(lambda: _offers(insider_dht, key, outsider_dht.peer_id), "the outsider's offer of its state",
+                 interval=0.2)
         assert offered_states(insider) == {}
         insider.state_averager.load_state_from_peers(timeout=5.0)
         assert insider.state_loads_total == 0
@@ -123,7 +116,8 @@ def test_insiders_neither_serve_nor_take_an_outsiders_state_nor_share_a_round(tm
         # the outsider, asking the insider for its state, is refused, and told why and what to do
         from swarmd.swarm.upstream.peer_parts import StateRefused
 
-        _wait_for(lambda: _offers(outsider_dht, key, insider_dht.peer_id), "the insider's offer of its state")
+        wait_for(lambda: _offers(outsider_dht, key, insider_dht.peer_id), "the insider's offer of its state",
+                 interval=0.2)
         expected = rf"this peer \({outsider_dht.peer_id}\) must be on network.allowed_peers"
         with pytest.raises(StateRefused, match=expected):
             outsider.downloads.download(outsider.state_averager)
