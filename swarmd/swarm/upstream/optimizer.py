@@ -70,6 +70,9 @@ MAX_REFRESHES_PER_DOWNLOAD = 3
 # Under gradient averaging a state round looks for its group at most this many matchmaking times past its scheduled
 # start, not averaging_timeout (`swarm.state_round_search`; state_averager.py RecordsRounds.group_search_limit)
 STATE_ROUND_SEARCH = 2.0
+# While a round has said the swarm is an epoch ahead and the progress records do not say so yet, fetch them at most
+# this often (seconds): the others publish a new epoch at once (progress.py)
+ROUND_FETCH_INTERVAL = 0.5
 
 
 class SwarmOptimizer(ReadsItsParts, Optimizer):
@@ -111,6 +114,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.round_epoch_check = round_epoch_check
         # the swarm's epoch as a gradient round told it, where that round's group was ahead of this peer
         self._swarm_epoch_from_round: Optional[int] = None
+        self._next_fetch_for_the_round = 0.0
         self.state_stream = state_stream
         self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
@@ -366,10 +370,16 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         """Upstream's check, and: behind the epoch the last round said the swarm is at, once the progress records
         say so too (round_epochs.behind_as_told; honest peers publish a new epoch at once, progress.py, seen here
         within a fetch: 0.1-0.5 s)."""
-        if self._swarm_epoch_from_round is not None and self.local_epoch >= self._swarm_epoch_from_round:
-            self._swarm_epoch_from_round = None  # caught up meanwhile (a download, a state round)
-        if behind_as_told(self._swarm_epoch_from_round, self.local_epoch, self.tracker.global_epoch):
+        told = self._swarm_epoch_from_round
+        if told is not None and self.local_epoch >= told:
+            self._swarm_epoch_from_round = told = None  # caught up meanwhile (a download, a state round)
+        if behind_as_told(told, self.local_epoch, self.tracker.global_epoch):
             return True
+        if told is not None and time.monotonic() >= self._next_fetch_for_the_round:
+            # upstream's next fetch may be seconds away (its estimate of the epoch's end): the joiner of the
+            # benchmark waited for it through another round one behind (docs/PERFORMANCE.md section 5)
+            self.tracker.fetch_soon()
+            self._next_fetch_for_the_round = time.monotonic() + ROUND_FETCH_INTERVAL
         return super()._should_load_state_from_peers()
 
     # --- bounded state download, or catching up by averaging ----------------------------------------------
