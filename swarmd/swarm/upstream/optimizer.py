@@ -70,9 +70,10 @@ MAX_REFRESHES_PER_DOWNLOAD = 3
 # Under gradient averaging a state round looks for its group at most this many matchmaking times past its scheduled
 # start, not averaging_timeout (`swarm.state_round_search`; state_averager.py RecordsRounds.group_search_limit)
 STATE_ROUND_SEARCH = 2.0
-# While a round has said the swarm is an epoch ahead and the progress records do not say so yet, fetch them at most
-# this often (seconds): the others publish a new epoch at once (progress.py)
-ROUND_FETCH_INTERVAL = 0.5
+# After a round that said the swarm is an epoch ahead, fetch the progress records (every ROUND_RECORDS_POLL s) until
+# they agree, for at most this many seconds: a liar's word alone costs an honest peer this much per round
+ROUND_RECORDS_WAIT = 1.5
+ROUND_RECORDS_POLL = 0.3
 
 
 class SwarmOptimizer(ReadsItsParts, Optimizer):
@@ -114,7 +115,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.round_epoch_check = round_epoch_check
         # the swarm's epoch as a gradient round told it, where that round's group was ahead of this peer
         self._swarm_epoch_from_round: Optional[int] = None
-        self._next_fetch_for_the_round = 0.0
+        self._records_awaited_for: Optional[int] = None  # the told epoch whose records the peer last waited for
         self.state_stream = state_stream
         self.catch_up_by_averaging = catch_up_by_averaging
         self.prescheduled_averaging = prescheduled_averaging
@@ -368,19 +369,33 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
 
     def _should_load_state_from_peers(self) -> bool:
         """Upstream's check, and: behind the epoch the last round said the swarm is at, once the progress records
-        say so too (round_epochs.behind_as_told; honest peers publish a new epoch at once, progress.py, seen here
-        within a fetch: 0.1-0.5 s)."""
+        say so too (round_epochs.behind_as_told)."""
         told = self._swarm_epoch_from_round
         if told is not None and self.local_epoch >= told:
             self._swarm_epoch_from_round = told = None  # caught up meanwhile (a download, a state round)
+        if told is not None and self._records_awaited_for != told:
+            self._records_awaited_for = told
+            return self._records_agree_soon(told)
         if behind_as_told(told, self.local_epoch, self.tracker.global_epoch):
             return True
-        if told is not None and time.monotonic() >= self._next_fetch_for_the_round:
-            # upstream's next fetch may be seconds away (its estimate of the epoch's end): the joiner of the
-            # benchmark waited for it through another round one behind (docs/PERFORMANCE.md section 5)
-            self.tracker.fetch_soon()
-            self._next_fetch_for_the_round = time.monotonic() + ROUND_FETCH_INTERVAL
         return super()._should_load_state_from_peers()
+
+    def _records_agree_soon(self, told: int) -> bool:
+        """Once per round that told: fetch the progress records until they agree that the swarm is ahead, for at
+        most ROUND_RECORDS_WAIT. Honest peers publish a new epoch at once (progress.py), a few tenths of a second
+        after the round. Not waiting, the benchmark's joiner read the others' records of before the round, which
+        extrapolate to a finished epoch: it began its next round at once, held the tracker's lock through it (no
+        fetch meanwhile), and came one behind to three rounds in a row (docs/PERFORMANCE.md section 5)."""
+        fetched = self.tracker.fetched_global_progress_this_epoch
+        deadline = time.monotonic() + ROUND_RECORDS_WAIT
+        while not behind_as_told(told, self.local_epoch, self.tracker.global_epoch):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return super()._should_load_state_from_peers()
+            fetched.clear()  # set again by the fetch asked for here (or by a later one)
+            self.tracker.fetch_soon()
+            fetched.wait(min(left, ROUND_RECORDS_POLL))
+        return True
 
     # --- bounded state download, or catching up by averaging ----------------------------------------------
 
