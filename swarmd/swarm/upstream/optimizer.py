@@ -242,7 +242,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             # A round begun without a pre-scheduled group has no deadline in the averager's process (upstream's
             # step passes timeout=None): given up on here, it would look for a group on, find another peer's
             # next round, and average this epoch's gradient into it as a success of that peer's
-            maybe_step_control.cancel()
+            if not maybe_step_control.done():
+                maybe_step_control.cancel()
             logger.warning("Averaging gradients failed (%r); this epoch uses local gradients", e)
             self.averaging_log.record(
                 "gradients", "failed", group_size=1, duration=time.perf_counter() - started,
