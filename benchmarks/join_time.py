@@ -55,10 +55,10 @@ MODES = {
     "whole state again": {"catch_up_by_averaging": False, "refresh_parameters": False},
     # the sync default, downloading by hivemind's RPC (protobuf parts) instead of swarmd's state stream
     "parameters again, by RPC": {"catch_up_by_averaging": False, "refresh_parameters": True, "state_stream": False},
-    # the sync default with hivemind's search for a state round's group (as long as averaging_timeout)
     # the sync default without the round's epochs: a joiner one behind learns it from upstream's exact check only
     "parameters again, without the round's epochs": {"catch_up_by_averaging": False, "refresh_parameters": True,
                                                       "round_epoch_check": False},
+    # the sync default with hivemind's search for a state round's group (as long as averaging_timeout)
     "parameters again, upstream's state round search": {"catch_up_by_averaging": False, "refresh_parameters": True,
                                                          "state_round_search": 0},
 }
