@@ -4,7 +4,7 @@ failed or partial round falls back to)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from hivemind.optim.grad_averager import GradientAverager
 
@@ -35,17 +35,17 @@ class AdmittingGradientAverager(UpstreamRpcNames, GradientAverager, AdmitsAllowe
         kwargs.setdefault("allow_state_sharing", False)
         super().__init__(*args, **kwargs)
 
-    # the epoch this peer's next round averages, sent with it to the group (swarm/round_epochs.py); the optimizer
-    # sets it before each round is scheduled or begun; None: nothing sent, as upstream
-    round_epoch: Optional[int] = None
+    # reads the epoch a round averages as the round begins (the optimizer's local epoch, set at its construction),
+    # sent with it to the group (swarm/round_epochs.py); None: nothing sent, as upstream
+    round_epoch_source: Optional[Callable[[], int]] = None
 
     def step(self, weight: Optional[float] = None, *args, **kwargs):
         return super().step(self.round_weight if weight is None else weight, *args, **kwargs)
 
     def schedule_step(self, scheduled_time: Optional[float] = None, **kwargs):
         # every round begins here: a pre-scheduled one, and one that step() begins without a scheduled group
-        if self.round_epoch is not None:
-            kwargs.setdefault("gather", self.round_epoch)
+        if self.round_epoch_source is not None:
+            kwargs.setdefault("gather", self.round_epoch_source())
         return super().schedule_step(scheduled_time, **kwargs)
 
 

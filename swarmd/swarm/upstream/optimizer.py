@@ -193,7 +193,11 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         )
 
     def _make_gradient_averager(self, factory, **kwargs):
-        return super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
+        averager = super()._make_gradient_averager(factory, **{**self._grad_averager_opts, **kwargs})
+        if isinstance(averager, AdmittingGradientAverager):
+            # every round, pre-scheduled or begun at the epoch's end, averages this peer's epoch of that moment
+            averager.round_epoch_source = lambda: self.local_epoch
+        return averager
 
     def _count_state_load(self) -> None:
         self.downloads.count()
@@ -210,7 +214,6 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             restart_implausible_statistics(averager.optimizer, gradients)
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
-        self.grad_averager.round_epoch = self.local_epoch  # sent with the round (swarm/round_epochs.py)
         began = super()._begin_averaging_gradients(grad_scaler)
         if not began:  # alone in the swarm (or the round could not start): the step uses local gradients
             self.averaging_log.record("gradients", "skipped", group_size=1, duration=0.0, epoch=self.local_epoch)
@@ -325,7 +328,6 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         return self.tracker.global_progress.num_peers <= 1
 
     def _maybe_schedule_gradient_averaging(self) -> None:
-        self.grad_averager.round_epoch = self.local_epoch  # a round scheduled now averages this epoch's gradients
         if self.prescheduled_averaging and not self._alone():
             super()._maybe_schedule_gradient_averaging()
         elif self.scheduled_grads is not None and (self.scheduled_grads.triggered or self.scheduled_grads.done()):
