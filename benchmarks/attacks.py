@@ -27,8 +27,11 @@ falls on every cell): the losses are then the median [min..max] of the runs, "x 
 clean runs' median (the clean row's own range is the spread an attack cell is judged against), the exclusions and
 epochs one entry per run.
 
+With `--without "the far-sender drop"` each attack also runs with that defence off (`swarm.aggregation.far_ratio:
+0`: far senders clipped like the others, not left out), in the same run, so the two rows compare side by side.
+
     python benchmarks/attacks.py [--strategies sync local diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
-        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--repeats 3] [--keep-logs DIR]
+        [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--repeats 3] [--without DEFENCE] [--keep-logs DIR]
 
 Not covered here: NaN gradients (a swarmd worker skips a non-finite step before sending: it needs an attacker
 that modifies its averager; tests/swarm/test_lying_peers.py covers the reducers' side, and every receiver refuses
@@ -56,11 +59,13 @@ ATTACKS = {
 }
 BATCH = 64
 ROUND_KIND = {"sync": "gradients", "local": "state", "diloco": "outer"}  # the round each strategy averages in
+# `--without NAME`: every attack cell also run with that one defence off, side by side ("<attack>, without NAME")
+ABLATIONS = {"the far-sender drop": {"aggregation": {"far_ratio": 0.0}}}
 UNDEFENDED = {"aggregation": {"method": "mean"}, "exclusion": {"enabled": False, "claim_rate_ratio": 0.0},
               "guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}
 
 
-def config(strategy: str, attack: dict, defended: bool = True) -> dict:
+def config(strategy: str, attack: dict, defended: bool = True, ablation: str | None = None) -> dict:
     swarm = {"target_batch_size": BATCH * 8, "matchmaking_time": 2.0, "averaging_timeout": 10.0,
              "exclusion": {"base_seconds": 600.0}}  # an exclusion lasts the whole cell
     if strategy == "diloco":
@@ -69,6 +74,8 @@ def config(strategy: str, attack: dict, defended: bool = True) -> dict:
         swarm.update(use_local_updates=True, average_state_every=1)
     if not defended:
         swarm.update(UNDEFENDED)
+    if ablation is not None:
+        swarm.update(ABLATIONS[ablation])
     return peer_config(
         task={"name": "faulty", "step_sleep": 0.02, **attack,
               "optim": {"lr": 0.01, "weight_decay": 0.0, "warmup_epochs": 0, "schedule": "constant"}},
@@ -76,7 +83,8 @@ def config(strategy: str, attack: dict, defended: bool = True) -> dict:
     )
 
 
-def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, defended: bool = True) -> dict:
+def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, defended: bool = True,
+             ablation: str | None = None) -> dict:
     """One swarm: (the honest loss at the budget, the epochs until exclusion, wrongly excluded peers, throughput,
     gradient round times)."""
     peers = []
@@ -85,7 +93,7 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
             attacker = attack is not None and index >= args.peers - args.attackers
             settings = ATTACKS[attack] if attacker else {}
             extra = peers[0].joining_args() if peers else []
-            peers.append(DaemonProcess(root / f"peer{index}", config(strategy, settings, defended), env=env,
+            peers.append(DaemonProcess(root / f"peer{index}", config(strategy, settings, defended, ablation), env=env,
                                        extra_args=extra, name="attacker" if attacker else f"honest{index}").start())
         first = peers[0]
         together = first.wait_status(lambda s: s["num_peers"] == args.peers and s["loss"] is not None, 180,
@@ -179,6 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "local", "diloco"])
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    parser.add_argument("--without", nargs="+", default=[], choices=list(ABLATIONS), metavar="DEFENCE",
+                        help=f"also run each attack with this defence off: {', '.join(map(repr, ABLATIONS))}")
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--attackers", type=int, default=1, help="the last ATTACKERS peers attack, all alike")
     parser.add_argument("--budget-epochs", type=int, default=30)
@@ -190,7 +200,11 @@ def main() -> None:
     args = parser.parse_args()
 
     print(machine())
-    names = ["clean", "clean, undefended", *args.attacks]
+    cells = {"clean": (None, None), "clean, undefended": (None, None)}  # name -> (attack, ablation)
+    for attack in args.attacks:
+        cells[attack] = (attack, None)
+        cells.update({f"{attack}, without {ablation}": (attack, ablation) for ablation in args.without})
+    names = list(cells)
     results: dict[str, dict[str, list[dict]]] = {s: {name: [] for name in names} for s in args.strategies}
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep_logs.resolve() if args.keep_logs else Path(tmp)
@@ -201,8 +215,9 @@ def main() -> None:
                 for name in names:
                     cell += 1
                     print(f"  [{cell}] run {repeat + 1}: {strategy}: {name}", flush=True)
-                    attack = None if name.startswith("clean") else name
-                    result = run_cell(root / f"cell{cell}", env, strategy, attack, args, defended=name != "clean, undefended")
+                    attack, ablation = cells[name]
+                    result = run_cell(root / f"cell{cell}", env, strategy, attack, args,
+                                      defended=name != "clean, undefended", ablation=ablation)
                     print(f"      {result}", flush=True)
                     results[strategy][name].append(result)
     rows = [row for strategy in args.strategies

@@ -202,6 +202,20 @@ class AggregationConfig(StrictModel):
         "flip at honest scale stays within the clip radius. The result is the same either way. Off where honest "
         "peers' data differ so much that their updates disagree.",
     )
+    far_ratio: float = Field(
+        100.0, ge=0, le=1e6, description="A sender further from the senders' coordinate-wise median than this many "
+        "times the median sender's distance is left out of that part's aggregate instead of clipped (a clipped "
+        "sender still pulls the result by its weight's share of the radius per iteration: two senders of six "
+        "sending gradients x -1e6 turned it halfway to theirs). Honest senders were at most 26x. 0: clipped like the "
+        "others; otherwise at least 2.",
+    )
+
+    @field_validator("far_ratio")
+    @classmethod
+    def _far_ratio_off_or_beyond_the_outlier_bound(cls, value: float) -> float:
+        if 0 < value < 2:  # robust_aggregation.OUTLIER_RADII: nearer than that a sender is no outlier at all
+            raise ValueError("must be 0 (far senders clipped, not left out) or at least 2")
+        return value
 
 
 class ExclusionConfig(StrictModel):

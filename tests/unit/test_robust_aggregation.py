@@ -34,6 +34,25 @@ def test_a_liar_barely_moves_the_result_where_the_mean_follows_it(attack):
     assert clipped == [False, False, False, True]
 
 
+def test_two_loud_liars_of_six_are_left_out_where_clipped_they_pulled_the_result_their_way():
+    signal, honest = _honest(4, noise=1.0)
+    honest_mean = torch.stack(honest).mean(0)
+    generator = torch.Generator().manual_seed(1)
+    senders = [*honest, *(-1e6 * (signal + torch.randn(D, generator=generator)) for _ in range(2))]
+    left_out, flagged = centered_clip(senders, [1.0] * 6, tau=1.0, iterations=3, far_ratio=100.0)
+    clipped, _ = centered_clip(senders, [1.0] * 6, tau=1.0, iterations=3, far_ratio=0.0)
+    assert _relative_error(left_out, honest_mean, signal) < 0.05
+    assert _relative_error(clipped, honest_mean, signal) > 0.3  # each clipped liar pulled by its share of the radius
+    assert flagged == [False] * 4 + [True] * 2  # still evidence against them
+    # honest senders alone, and a sender that stays under the bound, are aggregated as before
+    for parts in (honest, [*honest, 50 * signal]):
+        far, _ = centered_clip(parts, [1.0] * len(parts), tau=1.0, iterations=3, far_ratio=100.0)
+        assert torch.equal(far, centered_clip(parts, [1.0] * len(parts), tau=1.0, iterations=3)[0])
+    # the near senders weigh nothing (no samples) and the far one claims them all: the near ones count alike
+    result, _ = centered_clip(senders[:5], [0.0] * 4 + [1.0], tau=1.0, iterations=3, far_ratio=100.0)
+    assert _relative_error(result, honest_mean, signal) < 0.05
+
+
 def test_without_a_liar_the_result_is_the_mean():
     signal, honest = _honest(5)
     result, clipped = centered_clip(honest, [16.0] * 5, tau=1.0, iterations=3)
@@ -95,6 +114,13 @@ def test_the_setting_is_validated():
         AggregationConfig(tau=0)
     with pytest.raises(ValueError):
         AggregationConfig(method="trimmed")
+    for off_or_beyond in (0.0, 2.0, 100.0):
+        assert Aggregation(far_ratio=AggregationConfig(far_ratio=off_or_beyond).far_ratio).far_ratio == off_or_beyond
+    for inside_the_outlier_bound in (0.5, 1.9):
+        with pytest.raises(ValueError, match="0 .* or at least 2"):
+            AggregationConfig(far_ratio=inside_the_outlier_bound)
+        with pytest.raises(ValueError):
+            Aggregation(far_ratio=inside_the_outlier_bound)
 
 
 def test_a_part_of_the_wrong_size_is_left_out_not_waited_for():
