@@ -10,7 +10,11 @@ the same state (--megabytes of fp32 in eight tensors) and offer it at one epoch.
 - one at a time, one lies / split, one lies: the same two with one donor serving its state sign-flipped (offering
   the same epoch). One at a time takes the liar's state whenever the liar is asked first (the "exact state" column
   counts the downloads that brought the honest state); split, the liar is outvoted and its part asked again of an
-  honest donor (the row says what the defence costs when it has work to do).
+  honest donor (the row says what the defence costs when it has work to do);
+- split across two that disagree: the liar and one honest donor only (the third's offer hidden from the joiner).
+  Two cannot outvote each other, so the joiner takes the state of the donor that one at a time asks first, asking
+  it only for the part it did not send yet; "..., whole state after" is the way before 2026-12-07: the whole state
+  again from that donor once the split found no majority.
 Ratios divide by "one at a time" of the same repeat.
 
     sudo .venv/bin/python benchmarks/split_download.py [--megabytes 48] [--donor-mbit 40] [--repeats 3]
@@ -40,7 +44,8 @@ from netlab import Lab, cleanup_leftovers, is_root, tbf_args  # noqa: E402
 PREFIX = "split-benchmark"
 DONORS = 3
 JOINER = DONORS  # the lab's last namespace
-MODES = ("one at a time", "split across three", "one at a time, one lies", "split, one lies")
+MODES = ("one at a time", "split across three", "one at a time, one lies", "split, one lies",
+         "split across two that disagree", "split across two that disagree, whole state after")
 TENSORS = 8
 
 
@@ -68,9 +73,20 @@ def averager_class():
         _rpc_handlers = None
         lie_file = None
 
+        hidden = None  # a donor's peer id (base58) whose offer this joiner does not see while `two` is set
+
         def __init__(self, *args, **kwargs):
-            self.split = mp.Value("b", 1)  # shared: the download runs in the averager's process
+            # shared: the download runs in the averager's process
+            self.split, self.two, self.rest_only = mp.Value("b", 1), mp.Value("b", 0), mp.Value("b", 1)
             super().__init__(*args, **kwargs)
+
+        async def _state_offers(self):
+            offers = await super()._state_offers()
+            return {peer: epoch for peer, epoch in offers.items()
+                    if not (self.two.value and peer.to_base58() == self.hidden)}
+
+        async def _rest_of_the_first(self, *args, **kwargs):
+            return await super()._rest_of_the_first(*args, **kwargs) if self.rest_only.value else None
 
         def state_layout(self, kind):
             with self.get_tensors() as tensors:
@@ -119,8 +135,10 @@ def run_joiner(args) -> None:
     expected = state(args.megabytes)
     dht = ToleratesExitedCallers(initial_peers=args.initial_peers, host_maddrs=[f"/ip4/{args.address}/tcp/0"],
                                  start=True)
-    joiner = averager_class()([torch.zeros_like(t) for t in expected], dht, prefix=PREFIX, target_group_size=2,
-                              client_mode=True, start=True)
+    joiner_class = averager_class()
+    joiner_class.hidden = args.initial_peers[0].rsplit("/p2p/", 1)[1]  # the first donor: an honest one
+    joiner = joiner_class([torch.zeros_like(t) for t in expected], dht, prefix=PREFIX, target_group_size=2,
+                          client_mode=True, start=True)
     deadline = time.monotonic() + 120
     while len(state_offers(dht.get(f"{PREFIX}.all_averagers", latest=True), joiner.peer_id, None)) < DONORS:
         if time.monotonic() > deadline:
@@ -129,7 +147,10 @@ def run_joiner(args) -> None:
     for _ in range(args.repeats):
         for mode in MODES:
             joiner.split.value = mode.startswith("split")
-            Path(args.lie_file).touch() if mode.endswith("lies") else Path(args.lie_file).unlink(missing_ok=True)
+            joiner.two.value = "two" in mode
+            joiner.rest_only.value = not mode.endswith("whole state after")
+            lies = "lies" in mode or "disagree" in mode
+            Path(args.lie_file).touch() if lies else Path(args.lie_file).unlink(missing_ok=True)
             began = time.perf_counter()
             loaded = joiner.load_state_from_peers(timeout=300)
             seconds = time.perf_counter() - began

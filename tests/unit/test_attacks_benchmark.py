@@ -39,3 +39,13 @@ def test_one_run_per_cell_prints_plain_values():
     rows = {row[1]: row for row in attacks.table_rows("sync", cells, honest=3)}
     assert rows["x -1e6"][2:5] == ["0.0500", "2.50", "2 (2 of 3)"]
     assert rows["clean (defended)"][5] == "0"
+
+
+def test_a_cell_without_a_defence_turns_only_that_one_off_and_its_config_loads():
+    from swarmd.config.schema import SwarmdConfig
+
+    defended = SwarmdConfig.model_validate(attacks.config("sync", attacks.ATTACKS["x -1e6"]))
+    ablated = SwarmdConfig.model_validate(attacks.config("sync", attacks.ATTACKS["x -1e6"],
+                                                         ablation="the far-sender drop"))
+    assert defended.swarm.aggregation.far_ratio == 100.0 and ablated.swarm.aggregation.far_ratio == 0.0
+    assert ablated.swarm.aggregation.method == "centered_clip" and ablated.swarm.exclusion.enabled
