@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["MAX_ROUND_EPOCH", "gathered_epoch", "epoch_the_others_averaged", "behind_as_told"]
+__all__ = ["MAX_ROUND_EPOCH", "gathered_epoch", "epoch_the_others_averaged", "behind_as_told", "round_epoch"]
 
 # far beyond any run's epochs; a larger claim is malformed
 MAX_ROUND_EPOCH = 2**40
@@ -41,6 +41,13 @@ def epoch_the_others_averaged(gathered: dict, own_key) -> Optional[int]:
     if 2 * len(ahead) <= len(others):
         return None
     return ahead[(len(ahead) - 1) // 2]
+
+
+def round_epoch(epochs) -> Optional[int]:
+    """The epoch most of a round's members averaged: the upper median of the plausible epochs they sent (a minority's
+    claims cannot move it); None where none sent one."""
+    plausible = sorted(epoch for epoch in map(gathered_epoch, epochs) if epoch is not None)
+    return plausible[len(plausible) // 2] if plausible else None
 
 
 def behind_as_told(told: Optional[int], local_epoch: int, records_epoch: int) -> bool:

@@ -69,6 +69,9 @@ PACKAGE_OF_HIVEMIND = Path(hivemind.__file__).resolve().parent
 CONTRACT = [  # (owner, name, kind, parameters),  # who relies on it: a module of swarmd/swarm/ unless named
     # --- DecentralizedAverager (hivemind/averaging/averager.py): every swarmd averager subclasses it -------------
     (DecentralizedAverager, "_aggregate_with_group", "method", ("group_info", "min_vector_size", "**kwargs")),  # partial_rounds
+    (DecentralizedAverager, "_aggregate_with_group", "source", (
+        "bandwidths, mode_ids, user_gathered_bytes = zip(*map(self.serializer.loads, group_info.gathered))",
+    )),  # robust_aggregation: each member's gathered epoch, read from upstream's triples
     (DecentralizedAverager, "_running_groups", "attribute", ()),  # partial_rounds, averager_shutdown, averager_gate
     # partial_rounds: the runner is the result of the group's Future
     (DecentralizedAverager, "_run_allreduce_inplace_", "source", ("self._running_groups[group_id].set_result(runner)",)),

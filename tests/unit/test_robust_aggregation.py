@@ -354,3 +354,26 @@ def test_in_a_pair_the_other_update_is_judged_by_the_direction_of_this_peers_own
     assert _reduced([own, flipped], own_sender=0).opposed_senders() == [1]
     assert _reduced([own, honest], own_sender=0).opposed_senders() == []
     assert _reduced([own, flipped], own_sender=None).opposed_senders() == []
+
+
+def test_the_evidence_says_which_senders_were_behind_the_rounds_epoch():
+    """The epochs a gradient round's members sent (upstream's gathered triples: bandwidth, mode, user data), read in
+    the reducer's process: a sender one epoch behind is named so in the evidence lines (an honest peer the swarm
+    outran looks like a liar by distance and direction), a stranger's unreadable bytes give no epochs."""
+    import types
+
+    from hivemind.p2p import PeerID
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from swarmd.swarm.upstream.robust_aggregation import AggregatesRobustly, _behind_the_round
+
+    peers = [PeerID(f"peer-{i}".encode()) for i in range(4)]
+    sent = [MSGPackSerializer.dumps([1e9, 0, MSGPackSerializer.dumps(epoch)]) for epoch in (12, 12, 11, None)]
+    reader = types.SimpleNamespace(serializer=MSGPackSerializer)
+    epochs = AggregatesRobustly._gathered_epochs(reader, types.SimpleNamespace(peer_ids=peers, gathered=sent))
+    assert epochs == dict(zip(peers, (12, 12, 11, None)))
+    assert _behind_the_round(peers, epochs) == {2: "; it was at epoch 11, the round's members at 12: behind the swarm"}
+    assert _behind_the_round(list(reversed(peers)), epochs).keys() == {1}  # by each sender's index in the round
+    broken = types.SimpleNamespace(peer_ids=peers, gathered=[b"\xc1"] * 4)
+    assert AggregatesRobustly._gathered_epochs(reader, broken) == {}
+    assert _behind_the_round(peers, {}) == {}

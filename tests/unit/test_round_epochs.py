@@ -1,7 +1,9 @@
 """The epochs a gradient round's members sent (swarm/round_epochs.py): what makes a peer take the swarm's
 parameters again after a round whose group was ahead of it, and what it ignores."""
 
-from swarmd.swarm.round_epochs import MAX_ROUND_EPOCH, behind_as_told, epoch_the_others_averaged, gathered_epoch
+from swarmd.swarm.round_epochs import (
+    MAX_ROUND_EPOCH, behind_as_told, epoch_the_others_averaged, gathered_epoch, round_epoch,
+)
 
 
 def test_an_epoch_is_a_plain_int_in_range():
@@ -44,3 +46,10 @@ def test_the_rounds_word_is_taken_once_the_progress_records_agree():
     assert not behind_as_told(told=10, local_epoch=9, records_epoch=9)  # a claim alone: nothing yet
     assert not behind_as_told(told=None, local_epoch=9, records_epoch=10)  # upstream's own check decides that
     assert not behind_as_told(told=10, local_epoch=10, records_epoch=11)  # caught up with what the round said
+
+
+def test_the_rounds_epoch_is_most_members_and_a_minority_cannot_move_it():
+    assert round_epoch([10, 10, 9]) == 10 and round_epoch([9, 10]) == 10
+    assert round_epoch([10, 10, 2**39, 0]) == 10  # one liar up and one down: the upper median stays
+    assert round_epoch([None, "x", True, 10]) == 10  # plain peers and what is no epoch are not counted
+    assert round_epoch([None, -1]) is None and round_epoch([]) is None

@@ -87,8 +87,8 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
                                            "against it in the exclusion window; a pair cannot outvote a liar)")
         return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
 
-    def _count_outliers(self, runner) -> None:
-        super()._count_outliers(runner)
+    def _count_outliers(self, runner, epochs=None) -> None:
+        super()._count_outliers(runner, epochs)
         if self._exclusions is None:
             return
         reducer = runner.tensor_part_reducer

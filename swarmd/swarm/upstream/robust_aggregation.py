@@ -42,6 +42,7 @@ from hivemind.averaging.partition import TensorPartReducer
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
+from swarmd.swarm.round_epochs import gathered_epoch, round_epoch
 from swarmd.swarm.upstream.round_traffic import CountsRoundBytes
 
 __all__ = [
@@ -451,6 +452,17 @@ class CenteredClipReducer(TensorPartReducer):
                 and float(torch.linalg.vector_norm(one.tensor.reshape(-1).float() - own)) > bound for one in sent]
 
 
+def _behind_the_round(senders: Sequence, epochs: dict) -> dict[int, str]:
+    """For each sender whose epoch sent with the round is below the round's (swarm/round_epochs.py round_epoch), the
+    words the evidence lines end with: a sign of an honest peer the swarm outran, or of a liar that says so."""
+    round_at = round_epoch(epochs.values())
+    if round_at is None:
+        return {}
+    said = {index: gathered_epoch(epochs.get(peer)) for index, peer in enumerate(senders)}
+    return {index: f"; it was at epoch {epoch}, the round's members at {round_at}: behind the swarm"
+            for index, epoch in said.items() if epoch is not None and epoch < round_at}
+
+
 def _negligible(finite: list[bool], weights) -> list[bool]:
     """For each sender: a finite part whose sender weighs next to nothing (NEGLIGIBLE_WEIGHT_SHARE): no evidence
     against it, whatever it sent."""
@@ -553,7 +565,17 @@ class AggregatesRobustly(DecentralizedAverager):
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")
         if robust:
-            self._count_outliers(runner)
+            self._count_outliers(runner, self._gathered_epochs(group_info))
+
+    def _gathered_epochs(self, group_info) -> dict:
+        """Each member's epoch as it sent it with the round (swarm/round_epochs.py; upstream's gathered triples of
+        bandwidth, mode and user data, as its `_aggregate_with_group` reads them): None where it sent none or nothing
+        plausible; {} where the round's gathered data cannot be read (a stranger's bytes)."""
+        try:
+            return {peer: gathered_epoch(self.serializer.loads(self.serializer.loads(data)[2]))
+                    for peer, data in zip(group_info.peer_ids, group_info.gathered)}
+        except Exception:  # noqa: BLE001 - upstream's own reading of them fails the round first
+            return {}
 
     def opposed_senders(self, runner: RobustAllReduceRunner) -> list[int]:
         """The senders whose updates pointed away from this round's result in this peer's share (none where the
@@ -564,7 +586,11 @@ class AggregatesRobustly(DecentralizedAverager):
     def _judges_direction_now(self) -> bool:
         return self.judges_direction and self.aggregation.judge_direction
 
-    def _count_outliers(self, runner: RobustAllReduceRunner) -> None:
+    def _count_outliers(self, runner: RobustAllReduceRunner, epochs: Optional[dict] = None) -> None:
+        """Logs what this round's share says against each sender; `epochs`: each member's as it sent it with the
+        round (`_gathered_epochs`), to say which senders were behind the round (an honest peer the swarm outran sends
+        a gradient of parameters the others have stepped from: by distance and direction it looks like a liar)."""
+        behind = _behind_the_round(runner.sender_peer_ids, epochs or {})
         for index, why in getattr(runner, "refused_reducers", {}).items():  # a plain runner checks nothing
             logger.warning("Refused the average %s returned for its share of this round (%s): this peer keeps its "
                            "own values there", runner.ordered_peer_ids[index], why)
@@ -575,8 +601,8 @@ class AggregatesRobustly(DecentralizedAverager):
             self.outliers_clipped.value += len(set(clipped) | set(opposed))
         for sender in opposed:
             logger.info("Robust aggregation found %s pulling against the round: what it sent for this peer's share "
-                        "points away from the result (cosine %.2f)", runner.sender_peer_ids[sender],
-                        reducer.cosine_with_result(sender))
+                        "points away from the result (cosine %.2f)%s", runner.sender_peer_ids[sender],
+                        reducer.cosine_with_result(sender), behind.get(sender, ""))
         far = set(reducer.far_senders()) if self.judges_whole_share else set(clipped)
         for sender in clipped:
             # judged over the whole share (parameters), an honest peer that stepped more or less than the others is
@@ -585,8 +611,8 @@ class AggregatesRobustly(DecentralizedAverager):
             logger.log(
                 logging.INFO if evidence else logging.DEBUG,
                 "Robust aggregation clipped %s as an outlier in %.0f%% of the values it sent for this peer's share "
-                "(%d of %d parts)%s", runner.sender_peer_ids[sender],
+                "(%d of %d parts)%s%s", runner.sender_peer_ids[sender],
                 100 * reducer.outlier_values[sender] / reducer.values_sent[sender],
                 reducer.clipped_by_sender[sender], reducer.num_parts,
-                "" if evidence else " (no evidence: within the share's bound for parameters)",
+                "" if evidence else " (no evidence: within the share's bound for parameters)", behind.get(sender, ""),
             )
