@@ -233,9 +233,9 @@ def _centered_clip(parts, weights, tau: float, iterations: int,
     if far_ratio > 0 and typical > 0:
         # Far senders are left out, not clipped: each clipped sender still pulls the result by its weight's share of
         # the radius per iteration, and the radius is about an honest update's size, so two x -1e6 senders of six
-        # turned it about one radius their way (the result's cosine with the true gradient 0.46 against the honest
-        # senders' mean's 0.77, tests/unit/test_robust_aggregation.py). Honest parts were at most 26x the median
-        # distance (a tiny part); a sender that must stay under the bound to count pulls as a clipped one did.
+        # turned it about one radius their way (its error against the honest senders' mean 0.47 of the signal, under
+        # 0.05 left out: tests/unit/test_robust_aggregation.py; docs/FAULTS.md). Honest parts were at most 26x the
+        # median distance (a tiny part); a sender that must stay under the bound to count pulls as a clipped one did.
         near = finite & (squared.sqrt() <= far_ratio * typical)  # at least half the finite senders
         w = torch.where(near, w, torch.zeros_like(w))
         if float(w.sum()) <= 0:  # the near ones weigh nothing (no samples): each counts the same
