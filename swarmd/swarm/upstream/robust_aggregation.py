@@ -202,6 +202,13 @@ class _Spread:
     radius: float
 
 
+def _counted(w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The weights `w` of the senders that `counts` (a mask), 0 for the others; where those all weigh 0 (peers with
+    no samples), each of them counts the same."""
+    w = torch.where(counts, w, torch.zeros_like(w))
+    return w if float(w.sum()) > 0 else counts.float()
+
+
 def _centered_clip(parts, weights, tau: float, iterations: int,
                    far_ratio: float = 0.0) -> tuple[torch.Tensor, list[bool], Optional[_Spread]]:
     x = torch.stack([part.reshape(-1).float() for part in parts])  # a copy: changed in place below
@@ -210,9 +217,7 @@ def _centered_clip(parts, weights, tau: float, iterations: int,
     finite = torch.isfinite(x.sum(1)) & torch.isfinite(w) & (w >= 0)
     if not bool(finite.any()):
         return (x * w[:, None]).sum(0).div_(w.sum()).reshape(parts[0].shape), [True] * len(parts), None  # upstream's
-    w = torch.where(finite, w, torch.zeros_like(w))
-    if float(w.sum()) <= 0:  # only zero weights (peers with no samples): each finite sender counts the same
-        w = finite.float()
+    w = _counted(w, finite)
     # (row indices, not boolean masks: masked indexing of the rows cost half the time of the whole aggregation)
     kept, left_out = finite.nonzero().squeeze(1), (~finite).nonzero().squeeze(1)
     if len(left_out):
@@ -236,10 +241,7 @@ def _centered_clip(parts, weights, tau: float, iterations: int,
         # turned it about one radius their way (its error against the honest senders' mean 0.47 of the signal, under
         # 0.05 left out: tests/unit/test_robust_aggregation.py; docs/FAULTS.md). Honest parts were at most 26x the
         # median distance (a tiny part); a sender that must stay under the bound to count pulls as a clipped one did.
-        near = finite & (squared.sqrt() <= far_ratio * typical)  # at least half the finite senders
-        w = torch.where(near, w, torch.zeros_like(w))
-        if float(w.sum()) <= 0:  # the near ones weigh nothing (no samples): each counts the same
-            w = near.float()
+        w = _counted(w, finite & (squared.sqrt() <= far_ratio * typical))  # at least half the finite senders
     u = torch.zeros_like(median)  # v - median
     for _ in range(iterations):
         norms = _distances(y, squared, u)
