@@ -374,6 +374,7 @@ def test_the_evidence_says_which_senders_were_behind_the_rounds_epoch():
     assert epochs == dict(zip(peers, (12, 12, 11, None)))
     assert _behind_the_round(peers, epochs) == {2: "; it was at epoch 11, the round's members at 12: behind the swarm"}
     assert _behind_the_round(list(reversed(peers)), epochs).keys() == {1}  # by each sender's index in the round
+    assert _behind_the_round(peers, {**epochs, peers[2]: "11"}) == {}  # what is no epoch is not taken as one
     broken = types.SimpleNamespace(peer_ids=peers, gathered=[b"\xc1"] * 4)
     assert AggregatesRobustly._gathered_epochs(reader, broken) == {}
     assert _behind_the_round(peers, {}) == {}

@@ -570,11 +570,11 @@ class AggregatesRobustly(DecentralizedAverager):
             self._count_outliers(runner, self._gathered_epochs(group_info))
 
     def _gathered_epochs(self, group_info) -> dict:
-        """Each member's epoch as it sent it with the round (swarm/round_epochs.py; upstream's gathered triples of
-        bandwidth, mode and user data, as its `_aggregate_with_group` reads them): None where it sent none or nothing
-        plausible; {} where the round's gathered data cannot be read (a stranger's bytes)."""
+        """What each member sent with the round, its epoch (upstream's gathered triples of bandwidth, mode and user
+        data, as its `_aggregate_with_group` reads them): a stranger's claim, checked where it is read
+        (swarm/round_epochs.py), as the host's gathered data are; {} where the round's gathered data cannot be read."""
         try:
-            return {peer: gathered_epoch(self.serializer.loads(self.serializer.loads(data)[2]))
+            return {peer: self.serializer.loads(self.serializer.loads(data)[2])
                     for peer, data in zip(group_info.peer_ids, group_info.gathered)}
         except Exception:  # noqa: BLE001 - upstream's own reading of them fails the round first
             return {}
