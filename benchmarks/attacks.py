@@ -27,8 +27,13 @@ falls on every cell): the losses are then the median [min..max] of the runs, "x 
 clean runs' median (the clean row's own range is the spread an attack cell is judged against), the exclusions and
 epochs one entry per run.
 
-With `--without "the far-sender drop"` each attack also runs with that defence off (`swarm.aggregation.far_ratio:
-0`: far senders clipped like the others, not left out), in the same run, so the two rows compare side by side.
+With `--without "the far-sender drop"` the clean run and each attack also run with that defence off
+(`swarm.aggregation.far_ratio: 0`: far senders clipped like the others, not left out), in the same run, so the rows
+compare side by side; `--without "the step on a partial average"` likewise with `swarm.step_on_partial_average:
+false` (a peer whose gradient round came back in part steps on its own gradient everywhere). Two more columns say
+what honest peers saw of each other: the gradient rounds that came back partial (summed over the honest peers,
+per run) and the honest peers any honest peer held evidence against (suspected or excluded, per run). `--attacks`
+with no attack runs the clean cells alone.
 
     python benchmarks/attacks.py [--strategies sync local diloco] [--attacks "x -1e6" "sign flip"] [--peers 4] \\
         [--attackers 1] [--budget-epochs 30] [--cell-timeout 240] [--repeats 3] [--without DEFENCE] [--keep-logs DIR]
@@ -60,7 +65,8 @@ ATTACKS = {
 BATCH = 64
 ROUND_KIND = {"sync": "gradients", "local": "state", "diloco": "outer"}  # the round each strategy averages in
 # `--without NAME`: every attack cell also run with that one defence off, side by side ("<attack>, without NAME")
-ABLATIONS = {"the far-sender drop": {"aggregation": {"far_ratio": 0.0}}}
+ABLATIONS = {"the far-sender drop": {"aggregation": {"far_ratio": 0.0}},
+             "the step on a partial average": {"step_on_partial_average": False}}
 UNDEFENDED = {"aggregation": {"method": "mean"}, "exclusion": {"enabled": False, "claim_rate_ratio": 0.0},
               "guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}
 
@@ -104,6 +110,9 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
         attacker_ids = set(ids) - honest_ids
         excluded_at: dict[str, int] = {}  # honest peer -> the global epoch its exclusion of the attacker appeared
         wrongly: dict[str, str] = {}  # an honest peer excluded by another -> why
+        suspected: set[str] = set()  # honest peers another honest peer held evidence against
+        partial_before = {peer_id: _partial_rounds(peer.status(), strategy)
+                          for peer, peer_id in zip(peers, ids) if peer_id in honest_ids}
         samples_first = first.status()["samples_total"]
         status = together
         deadline = started + args.cell_timeout
@@ -118,9 +127,14 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
                         excluded_at.setdefault(peer_id, seen["global_epoch"] - start_epoch)
                     elif entry["peer_id"] in honest_ids:
                         wrongly.setdefault(entry["peer_id"], entry["reason"])
+                        suspected.add(entry["peer_id"])
+                suspected.update(entry["peer_id"] for entry in seen.get("suspected_peers") or ()
+                                 if entry["peer_id"] in honest_ids)
                 if peer is first:
                     status = seen
         seconds = time.monotonic() - started
+        partial = sum(_partial_rounds(peer.status(), strategy) - partial_before[peer_id]
+                      for peer, peer_id in zip(peers, ids) if peer_id in honest_ids)
         losses = [loss for epoch, loss in status["loss_history"] if epoch > start_epoch]
         rounds = [r["duration_seconds"] for r in status["recent_averaging"]
                   if r["kind"] == ROUND_KIND[strategy] and r["outcome"] == "success"]
@@ -130,12 +144,19 @@ def run_cell(root: Path, env: dict, strategy: str, attack: str | None, args, def
             "excluded_at": sorted(excluded_at.values()),
             "wrongly": len(wrongly),
             "wrongly_why": sorted(wrongly.values()),
+            "suspected": len(suspected),
+            "partial": partial,
             "samples_per_second": (status["samples_total"] - samples_first) / seconds,
             "round_seconds": statistics.median(rounds) if rounds else float("nan"),
         }
     finally:
         for peer in peers:
             peer.close()
+
+
+def _partial_rounds(status: dict, strategy: str) -> int:
+    """The rounds of the strategy's kind that came back partial at this peer so far."""
+    return int((status.get("averaging") or {}).get(ROUND_KIND[strategy], {}).get("partial", 0))
 
 
 def spread(values: list[float], digits: int = 4) -> str:
@@ -169,12 +190,13 @@ def table_rows(strategy: str, cells: dict[str, list[dict]], honest: int) -> list
         rounds = statistics.median(r["round_seconds"] for r in results)
         row = [strategy, {"clean": "clean (defended)"}.get(name, name), spread(losses),
                spread([loss / clean_loss for loss in losses], 2), exclusion_cell(results, honest),
-               wrongly_cell(results), spread(rates, 1), f"{rounds:.2f}",
+               wrongly_cell(results), ",".join(str(r["suspected"]) for r in results),
+               ",".join(str(r["partial"]) for r in results), spread(rates, 1), f"{rounds:.2f}",
                ",".join(str(r["epochs"]) for r in results)]
         if name == "clean":
             undefended_rounds = statistics.median(r["round_seconds"] for r in undefended)
-            row[6] += f" ({rate / undefended_rate:.3f}x undefended)"
-            row[7] += f" (undefended {undefended_rounds:.2f})"
+            row[8] += f" ({rate / undefended_rate:.3f}x undefended)"
+            row[9] += f" (undefended {undefended_rounds:.2f})"
         if name.startswith("clean"):
             row[4] = "—"
         if name == "clean, undefended":
@@ -186,7 +208,7 @@ def table_rows(strategy: str, cells: dict[str, list[dict]], honest: int) -> list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", nargs="+", default=["sync"], choices=["sync", "local", "diloco"])
-    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    parser.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--without", nargs="+", default=[], choices=list(ABLATIONS), metavar="DEFENCE",
                         help=f"also run each attack with this defence off: {', '.join(map(repr, ABLATIONS))}")
     parser.add_argument("--peers", type=int, default=4)
@@ -201,6 +223,7 @@ def main() -> None:
 
     print(machine())
     cells = {"clean": (None, None), "clean, undefended": (None, None)}  # name -> (attack, ablation)
+    cells.update({f"clean, without {ablation}": (None, ablation) for ablation in args.without})
     for attack in args.attacks:
         cells[attack] = (attack, None)
         cells.update({f"{attack}, without {ablation}": (attack, ablation) for ablation in args.without})
@@ -227,7 +250,7 @@ def main() -> None:
         f"{args.peers} peers ({args.attackers} attacking), faulty task, budget {args.budget_epochs} global epochs (or "
         f"{args.cell_timeout:.0f} s){runs}",
         ["strategy", "cell", "honest loss", "x clean", "excluded at epoch (by), per run", "honest excluded",
-         "peer 0 samples/s", "round s (median)", "epochs"],
+         "honest suspected", "partial rounds", "peer 0 samples/s", "round s (median)", "epochs"],
         rows,
     )
 

@@ -306,6 +306,13 @@ class SwarmConfig(StrictModel):
         "at its next step, instead of training one epoch behind until hivemind's once-an-epoch check sends it to "
         "download the whole state. false: hivemind's way. docs/PERFORMANCE.md section 5.",
     )
+    step_on_partial_average: bool = Field(
+        True,
+        description="A sync gradient round that brought back only part of the average (a reducer failed, was late, "
+        "or returned an implausible part): this peer steps on the average where it came and on its own gradient "
+        "where it did not, and the group averages its parameters at the epoch's end. false: its own gradient "
+        "everywhere, which holds it further from its group until then. docs/FAULTS.md.",
+    )
     catch_up_by_averaging: Optional[bool] = Field(
         None,
         description="A peer whose state download ended with the swarm further on (epochs shorter than a download) "
@@ -735,6 +742,7 @@ RUN_WIDE_KEYS: dict[str, bool] = {
     "swarm.exclusion": False,  # whom this peer refuses on evidence: each peer's own judgement
     "swarm.state_round_search": False,  # how long this peer looks for a state round it may have come late to
     "swarm.round_epoch_check": False,  # whether this peer acts on a round's group being an epoch ahead of it
+    "swarm.step_on_partial_average": False,  # what this peer steps on after a partial gradient round
     "training": True,  # batch size, precision, seed, max_epochs
     "training.device": False,
     "training.devices": False,

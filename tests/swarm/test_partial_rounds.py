@@ -1,6 +1,7 @@
 """A sync gradient round that returned only part of the average (swarm/upstream/partial_rounds.py) is not a success: the
-peer steps on its own gradient and the group averages its state at the epoch's end, so its members hold one model
-again. And a round that failed falls back to the gradient this peer contributed, not to the zeros that hivemind's
+peer steps on the average where it came and its own gradient elsewhere (its own everywhere where that mix is
+implausible, or with `swarm.step_on_partial_average: false`), and the group averages its state at the epoch's end, so
+its members hold one model again. And a round that failed falls back to the gradient this peer contributed, not to the zeros that hivemind's
 fallback reloads from accumulators its round had already reset.
 
 One in-process hivemind peer (DHT + SwarmOptimizer); the round's result is given by hand, as the averager's
@@ -38,10 +39,10 @@ def _optimizer(dht, tmp_path, run_id: str, **swarm):
     return model, build_swarm_optimizer(dht=dht, config=config, model=model, task=task, averaging_log=AveragingLog())
 
 
-def _one_step_then_a_round_starts(model, optimizer) -> list[torch.Tensor]:
+def _one_step_then_a_round_starts(model, optimizer, shift: float = 100.0) -> list[torch.Tensor]:
     """A local step; then what GradientAverager.step does before its all-reduce: the accumulators go into the
-    averager's buffers and are reset. The all-reduce then leaves something else in the buffers. Returns the
-    gradient this peer contributed."""
+    averager's buffers and are reset. The all-reduce then leaves something else in the buffers (each value moved by
+    `shift`). Returns the gradient this peer contributed."""
     generator = torch.Generator().manual_seed(3)
     x, y = torch.randn(BATCH, 16, generator=generator), torch.randn(BATCH, 1, generator=generator)
     torch.nn.functional.mse_loss(model(x), y).backward()
@@ -52,7 +53,7 @@ def _one_step_then_a_round_starts(model, optimizer) -> list[torch.Tensor]:
     averager.reset_accumulated_grads_()
     with torch.no_grad(), averager.get_tensors() as buffers:
         for buffer in buffers:
-            buffer.add_(100.0)  # the average in part, or whatever a failed round left
+            buffer.add_(shift)  # the average in part, or whatever a failed round left
     return own
 
 
@@ -69,21 +70,28 @@ def _gradients_used(optimizer) -> list[torch.Tensor]:
         return [buffer.detach().clone() for buffer in buffers]
 
 
+def _partial_round(optimizer, missing: float = 0.25) -> None:
+    control = Future()
+    control.set_result(GatheredRound({"me": None, "another-peer": None}, missing))
+    optimizer._average_gradients_and_load_into_optimizer(control)
+
+
 @pytest.mark.parametrize("guard", [10.0, 0.0])
-def test_a_partial_gradient_round_uses_the_own_gradient_and_resyncs_the_group(dht, tmp_path, guard):
+def test_a_partial_gradient_round_steps_on_what_came_and_resyncs_the_group(dht, tmp_path, guard):
     model, optimizer = _optimizer(dht, tmp_path, f"partial-{guard:g}", guard_gradient_norm_ratio=guard)
     try:
-        own = _one_step_then_a_round_starts(model, optimizer)
+        own = _one_step_then_a_round_starts(model, optimizer, shift=0.01)
+        with optimizer.grad_averager.get_tensors() as buffers:
+            mix = [buffer.detach().clone() for buffer in buffers]  # the average where it came, own values elsewhere
         assert optimizer.average_state_every == 50
-        control = Future()
-        control.set_result(GatheredRound({"me": None, "another-peer": None}, 0.25))
-        optimizer._average_gradients_and_load_into_optimizer(control)
+        _partial_round(optimizer)
 
         last = optimizer.averaging_log.last("gradients")
         assert (last.outcome, last.group_size) == ("partial", 1), last
         assert "25.0% of the average did not arrive" in last.error
-        for used, mine in zip(_gradients_used(optimizer), own):
-            torch.testing.assert_close(used, mine)
+        for used, came, mine in zip(_gradients_used(optimizer), mix, own):
+            torch.testing.assert_close(used, came)
+            assert not torch.allclose(used, mine)
         # hivemind averages state at an epoch's end when next_epoch % average_state_every == 0: the next one does
         assert optimizer.state_averager.resync_requested and optimizer.average_state_every == 1
 
@@ -91,6 +99,24 @@ def test_a_partial_gradient_round_uses_the_own_gradient_and_resyncs_the_group(dh
         optimizer.state_averager._record_state_round(_state_round({"me": 1, "another-peer": 1}), created=time.time())
         assert not optimizer.state_averager.resync_requested and optimizer.average_state_every == 50
         assert optimizer.averaging_log.last("state").outcome == "success"
+    finally:
+        optimizer.shutdown()
+
+
+@pytest.mark.parametrize("setting, shift", [(True, 100.0), (False, 0.01)])
+def test_a_partial_round_steps_on_the_own_gradient_where_the_mix_is_implausible_or_the_setting_is_off(
+    dht, tmp_path, setting, shift
+):
+    # +100 on every value is far above this peer's own gradient's norm: the guard (10x) refuses such a mix
+    model, optimizer = _optimizer(dht, tmp_path, f"partial-own-{setting}", guard_gradient_norm_ratio=10.0,
+                                  step_on_partial_average=setting)
+    try:
+        own = _one_step_then_a_round_starts(model, optimizer, shift=shift)
+        _partial_round(optimizer)
+        assert optimizer.averaging_log.last("gradients").outcome == "partial"
+        for used, mine in zip(_gradients_used(optimizer), own):
+            torch.testing.assert_close(used, mine)
+        assert optimizer.state_averager.resync_requested
     finally:
         optimizer.shutdown()
 

@@ -22,6 +22,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
         refresh_parameters=swarm.refresh_parameters,
         state_round_search=swarm.state_round_search,
         round_epoch_check=swarm.round_epoch_check,
+        step_on_partial_average=swarm.step_on_partial_average,
         catch_up_by_averaging=bool(swarm.catch_up_by_averaging),  # off unless asked (the config's description)
         prescheduled_averaging=swarm.prescheduled_averaging,
         clip_local_grad_norm=swarm.clip_local_grad_norm,
