@@ -64,6 +64,10 @@ class JoinPhases:
     def summary(self, now: Optional[float] = None) -> str:
         """"Joined in X s: imports a s, model b s, DHT c s, ..." (phases that did not happen are left out)."""
         total = (time.time() if now is None else now) - self.started
+        return f"Joined in {total:.1f} s: {self.so_far()} (phases overlap)"
+
+    def so_far(self) -> str:
+        """"imports a s, model b s, ...": the phases timed so far (daemon/startup_watch.py quotes it too)."""
         with self._lock:
             parts = [f"{name} {self.seconds[name]:.1f} s" for name in PHASES if name in self.seconds]
-        return f"Joined in {total:.1f} s: {', '.join(parts) or 'no phase timed'} (phases overlap)"
+        return ", ".join(parts) or "no phase timed"

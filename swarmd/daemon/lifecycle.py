@@ -24,6 +24,7 @@ from typing import Optional
 from swarmd.daemon.guarded import bounded, guarded
 from swarmd.daemon.join_phases import JoinPhases
 from swarmd.daemon.parallel_start import ForkGate, together
+from swarmd.daemon.startup_watch import StartupWatch
 from swarmd.daemon.signals import ReloadSignal, StopSignals
 from swarmd.daemon.runtime import Runtime
 from swarmd.daemon.shared_memory import record_processes, remove_leftovers
@@ -69,7 +70,8 @@ class Daemon:
         self._reload_signal.install()
         try:
             try:
-                await self._startup()
+                with StartupWatch(lambda: f"phases done: {self.join_phases.so_far()}"):
+                    await self._startup()
             except SwarmdError as e:
                 logger.error("%s", e)
                 self._exit_code = e.exit_code
