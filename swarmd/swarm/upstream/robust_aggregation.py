@@ -98,6 +98,15 @@ RETURN_RATIO = 100.0
 # + |noise|^2) > 0), so that a flipper that other honest peers excluded, and that meets this one in pairs, is found
 # there too. Parameters are not judged so: they all point alike.
 OPPOSED_COSINE = 0.0
+# ...by a margin the judged values' number makes significant: below OPPOSED_COSINE - OPPOSED_SIGMAS / sqrt(values).
+# Two directions that have nothing to do with each other in d values are at a cosine of about N(0, 1/d); an honest
+# sender's mean is positive, but once the loss is at its noise floor the signal is small next to a 64-sample batch's
+# noise, and in a share of a few hundred values (six peers, the attack benchmark's 2177-value model) or of one small
+# tensor its cosine is that noise. Measured (2026-12-07, clean six-peer cells): honest senders found "pulling
+# against" at -0.01..-0.23 where their rounds were in step, which put three of five honest peers under suspicion in
+# each clean run and had one excluded in two of five. A flipper with a signal to flip is far below the margin (-0.25
+# to -0.87 over ~540 values, where -3/sqrt(540) = -0.13); one without (noise-dominated) flips little but noise.
+OPPOSED_SIGMAS = 3.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
 # CenteredClip (a second pass): see CenteredClipReducer.aggregate.
 EVIDENCE_WEIGHT_SPREAD = 1.5
@@ -316,6 +325,7 @@ class CenteredClipReducer(TensorPartReducer):
         self.dot_with_result_by_sender = [0.0] * num_senders
         self.squared_norm_by_sender = [0.0] * num_senders
         self.squared_result_by_sender = [0.0] * num_senders
+        self.values_judged_by_sender = [0] * num_senders  # how many values the direction was judged over
         # the largest weight (samples) each sender claimed for a part, before the cap: for `overweight_senders`
         self.claimed_weight_by_sender = [0.0] * num_senders
         super().__init__(part_shapes, num_senders)
@@ -337,9 +347,14 @@ class CenteredClipReducer(TensorPartReducer):
 
     def opposed_senders(self) -> list[int]:
         """The senders whose parts, over this peer's whole share, point away from the results of the parts with three
-        senders or more, or from this peer's own parts in a pair with it: cosine below OPPOSED_COSINE (the averagers
-        of updates ask: `AggregatesRobustly.judges_direction`)."""
-        return [sender for sender in range(self.num_senders) if self.cosine_with_result(sender) < OPPOSED_COSINE]
+        senders or more, or from this peer's own parts in a pair with it: cosine below OPPOSED_COSINE by more than
+        chance explains (`opposed_bound`; the averagers of updates ask: `AggregatesRobustly.judges_direction`)."""
+        return [sender for sender in range(self.num_senders)
+                if self.values_judged_by_sender[sender] and self.cosine_with_result(sender) < self.opposed_bound(sender)]
+
+    def opposed_bound(self, sender: int) -> float:
+        """The cosine below which `sender` points away from the result (OPPOSED_SIGMAS)."""
+        return OPPOSED_COSINE - OPPOSED_SIGMAS / math.sqrt(max(1, self.values_judged_by_sender[sender]))
 
     def cosine_with_result(self, sender: int) -> float:
         """The cosine between what `sender` sent and the results (or this peer's own parts, in a pair), over the
@@ -429,6 +444,7 @@ class CenteredClipReducer(TensorPartReducer):
                 self.dot_with_result_by_sender[one.sender] += float(values @ reference)
                 self.squared_norm_by_sender[one.sender] += float(values @ values)
                 self.squared_result_by_sender[one.sender] += squared_reference
+                self.values_judged_by_sender[one.sender] += values.numel()
             if clipped[index]:
                 self.clipped_by_sender[one.sender] += 1
                 self.outlier_values[one.sender] += shape.numel()
@@ -603,8 +619,9 @@ class AggregatesRobustly(DecentralizedAverager):
             self.outliers_clipped.value += len(set(clipped) | set(opposed))
         for sender in opposed:
             logger.info("Robust aggregation found %s pulling against the round: what it sent for this peer's share "
-                        "points away from the result (cosine %.2f)%s", runner.sender_peer_ids[sender],
-                        reducer.cosine_with_result(sender), behind.get(sender, ""))
+                        "points away from the result (cosine %.2f over %d values, below %.2f)%s",
+                        runner.sender_peer_ids[sender], reducer.cosine_with_result(sender),
+                        reducer.values_judged_by_sender[sender], reducer.opposed_bound(sender), behind.get(sender, ""))
         far = set(reducer.far_senders()) if self.judges_whole_share else set(clipped)
         for sender in clipped:
             # judged over the whole share (parameters), an honest peer that stepped more or less than the others is
