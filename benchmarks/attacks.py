@@ -30,7 +30,8 @@ epochs one entry per run.
 With `--without "the far-sender drop"` the clean run and each attack also run with that defence off
 (`swarm.aggregation.far_ratio: 0`: far senders clipped like the others, not left out), in the same run, so the rows
 compare side by side; `--without "the step on a partial average"` likewise with `swarm.step_on_partial_average:
-false` (a peer whose gradient round came back in part steps on its own gradient everywhere). Two more columns say
+false` (a peer whose gradient round came back in part steps on its own gradient everywhere), `--without "the direction
+margin"` with `swarm.aggregation.direction_sigmas: 0` (any cosine below 0 is evidence). Two more columns say
 what honest peers saw of each other: the gradient rounds that came back partial (summed over the honest peers,
 per run) and the honest peers any honest peer held evidence against (suspected or excluded, per run). `--attacks`
 with no attack runs the clean cells alone.
@@ -66,7 +67,8 @@ BATCH = 64
 ROUND_KIND = {"sync": "gradients", "local": "state", "diloco": "outer"}  # the round each strategy averages in
 # `--without NAME`: every attack cell also run with that one defence off, side by side ("<attack>, without NAME")
 ABLATIONS = {"the far-sender drop": {"aggregation": {"far_ratio": 0.0}},
-             "the step on a partial average": {"step_on_partial_average": False}}
+             "the step on a partial average": {"step_on_partial_average": False},
+             "the direction margin": {"aggregation": {"direction_sigmas": 0.0}}}
 UNDEFENDED = {"aggregation": {"method": "mean"}, "exclusion": {"enabled": False, "claim_rate_ratio": 0.0},
               "guard_gradient_norm_ratio": 0.0, "guard_parameter_change": 0.0}
 

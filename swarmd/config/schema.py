@@ -198,9 +198,15 @@ class AggregationConfig(StrictModel):
     )
     judge_direction: bool = Field(
         True, description="Count a sender whose update (gradients, DiLoCo's pseudo-gradients) points away from the "
-        "round's result over this peer's share (cosine below 0) as an outlier in that round, as if clipped: a sign "
+        "round's result over this peer's share (cosine below 0, by direction_sigmas) as an outlier in that round, as if clipped: a sign "
         "flip at honest scale stays within the clip radius. The result is the same either way. Off where honest "
         "peers' data differ so much that their updates disagree.",
+    )
+    direction_sigmas: float = Field(
+        3.0, ge=0, le=100, description="With judge_direction: a sender counts as pointing away only where its cosine "
+        "with the result is below -direction_sigmas / sqrt(the values judged), beyond what chance explains (two "
+        "unrelated directions in d values are at a cosine of about 1/sqrt(d)): at the loss's noise floor an honest "
+        "update's cosine over a small share is that chance. 0: any cosine below 0.",
     )
     far_ratio: float = Field(
         100.0, ge=0, le=1e6, description="A sender further from the senders' coordinate-wise median than this many "

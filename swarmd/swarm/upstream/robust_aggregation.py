@@ -106,6 +106,7 @@ OPPOSED_COSINE = 0.0
 # against" at -0.01..-0.23 where their rounds were in step, which put three of five honest peers under suspicion in
 # each clean run and had one excluded in two of five. A flipper with a signal to flip is far below the margin (-0.25
 # to -0.87 over ~540 values, where -3/sqrt(540) = -0.13); one without (noise-dominated) flips little but noise.
+# `swarm.aggregation.direction_sigmas` (0: a bare sign test).
 OPPOSED_SIGMAS = 3.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
 # CenteredClip (a second pass): see CenteredClipReducer.aggregate.
@@ -131,6 +132,8 @@ class Aggregation:
     # a sender further from the coordinate-wise median than this x the median sender's distance is left out of the
     # part, not clipped (`_centered_clip`); 0: clipped like the others
     far_ratio: float = 100.0
+    # a cosine counts as pointing away below OPPOSED_COSINE - direction_sigmas / sqrt(values judged); 0: below it
+    direction_sigmas: float = OPPOSED_SIGMAS
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -139,6 +142,8 @@ class Aggregation:
             raise ValueError(f"aggregation needs tau > 0 and iterations >= 1, not {self.tau} and {self.iterations}")
         if self.max_weight_ratio < 0:
             raise ValueError(f"aggregation needs max_weight_ratio >= 0, not {self.max_weight_ratio}")
+        if not self.direction_sigmas >= 0:
+            raise ValueError(f"aggregation needs direction_sigmas >= 0, not {self.direction_sigmas}")
         if self.far_ratio != 0 and not self.far_ratio >= OUTLIER_RADII:
             raise ValueError(f"aggregation needs far_ratio 0 or >= {OUTLIER_RADII:g}, not {self.far_ratio}")
 
@@ -353,8 +358,9 @@ class CenteredClipReducer(TensorPartReducer):
                 if self.values_judged_by_sender[sender] and self.cosine_with_result(sender) < self.opposed_bound(sender)]
 
     def opposed_bound(self, sender: int) -> float:
-        """The cosine below which `sender` points away from the result (OPPOSED_SIGMAS)."""
-        return OPPOSED_COSINE - OPPOSED_SIGMAS / math.sqrt(max(1, self.values_judged_by_sender[sender]))
+        """The cosine below which `sender` points away from the result (`Aggregation.direction_sigmas`)."""
+        values = max(1, self.values_judged_by_sender[sender])
+        return OPPOSED_COSINE - self.aggregation.direction_sigmas / math.sqrt(values)
 
     def cosine_with_result(self, sender: int) -> float:
         """The cosine between what `sender` sent and the results (or this peer's own parts, in a pair), over the
