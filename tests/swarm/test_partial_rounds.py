@@ -1,8 +1,8 @@
-"""A sync gradient round that returned only part of the average (swarm/upstream/partial_rounds.py) is not a success: the
-peer steps on the average where it came and its own gradient elsewhere (its own everywhere where that mix is
+"""A sync gradient round that returned only part of the average (swarm/upstream/partial_rounds.py) is not a success:
+the peer steps on the average where it came and its own gradient elsewhere (its own everywhere where that mix is
 implausible, or with `swarm.step_on_partial_average: false`), and the group averages its state at the epoch's end, so
-its members hold one model again. And a round that failed falls back to the gradient this peer contributed, not to the zeros that hivemind's
-fallback reloads from accumulators its round had already reset.
+its members hold one model again. And a round that failed falls back to the gradient this peer contributed, not to
+the zeros that hivemind's fallback reloads from accumulators its round had already reset.
 
 One in-process hivemind peer (DHT + SwarmOptimizer); the round's result is given by hand, as the averager's
 process would return it, after the gradient averager did what GradientAverager.step does at a round's start.

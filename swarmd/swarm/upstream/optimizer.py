@@ -276,7 +276,8 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         Why the mix and not the own gradient everywhere: a peer whose rounds came back partial round after round
         (94% of the average, on a loaded machine) stepped alone on its own gradients, held parameters apart from its
         group's until the state round, and sent gradients that pointed elsewhere there: honest peers found it
-        against the round, and one excluded it in a clean run (docs/FAULTS.md, "A partial round")."""
+        against the round, and one excluded it in a clean run (docs/FAULTS.md, "a round returns only part of the
+        average")."""
         implausible = self._implausible_average() if self.step_on_partial_average else ""
         used = "the average where it came and local gradients elsewhere"
         if not self.step_on_partial_average or implausible:

@@ -354,8 +354,8 @@ class CenteredClipReducer(TensorPartReducer):
         """The senders whose parts, over this peer's whole share, point away from the results of the parts with three
         senders or more, or from this peer's own parts in a pair with it: cosine below OPPOSED_COSINE by more than
         chance explains (`opposed_bound`; the averagers of updates ask: `AggregatesRobustly.judges_direction`)."""
-        return [sender for sender in range(self.num_senders)
-                if self.values_judged_by_sender[sender] and self.cosine_with_result(sender) < self.opposed_bound(sender)]
+        return [sender for sender, values in enumerate(self.values_judged_by_sender)
+                if values and self.cosine_with_result(sender) < self.opposed_bound(sender)]
 
     def opposed_bound(self, sender: int) -> float:
         """The cosine below which `sender` points away from the result (`Aggregation.direction_sigmas`)."""
