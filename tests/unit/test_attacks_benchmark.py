@@ -10,27 +10,29 @@ sys.path.insert(0, str(BENCHMARKS))
 import attacks  # noqa: E402
 
 
-def run(loss, rate=100.0, excluded_at=(), wrongly_why=(), round_seconds=2.0, epochs=20):
+def run(loss, rate=100.0, excluded_at=(), wrongly_why=(), round_seconds=2.0, epochs=20, suspected=0, partial=0):
     return {"loss": loss, "samples_per_second": rate, "excluded_at": list(excluded_at), "wrongly": len(wrongly_why),
-            "wrongly_why": list(wrongly_why), "round_seconds": round_seconds, "epochs": epochs}
+            "wrongly_why": list(wrongly_why), "round_seconds": round_seconds, "epochs": epochs,
+            "suspected": suspected, "partial": partial}
 
 
 def test_repeated_cells_give_a_median_a_range_and_one_entry_per_run():
     cells = {
         "clean": [run(0.010, rate=90.0), run(0.020, rate=100.0), run(0.030, rate=110.0)],
         "clean, undefended": [run(0.015, rate=200.0)] * 3,
-        "sign flip": [run(0.040, excluded_at=(3, 4, 5)), run(0.020, excluded_at=(7,)),
-                      run(0.060, wrongly_why=("clipped",))],
+        "sign flip": [run(0.040, excluded_at=(3, 4, 5)), run(0.020, excluded_at=(7,), suspected=2, partial=1),
+                      run(0.060, wrongly_why=("clipped",), suspected=1)],
     }
     rows = {row[1]: row for row in attacks.table_rows("local", cells, honest=3)}
     clean, flip = rows["clean (defended)"], rows["sign flip"]
     assert clean[2] == "0.0200 [0.0100..0.0300]"
     assert clean[3] == "1.00 [0.50..1.50]"  # the clean runs' own spread, against their median
-    assert clean[6] == "100.0 [90.0..110.0] (0.500x undefended)"
+    assert clean[8] == "100.0 [90.0..110.0] (0.500x undefended)"
     assert flip[3] == "2.00 [1.00..3.00]"
     assert flip[4] == "3 (3 of 3); 7 (1 of 3); never"
     assert flip[5] == "0; 0; 1 (clipped)"
-    assert flip[8] == "20,20,20"
+    assert flip[6:8] == ["0,2,1", "0,1,0"]  # honest peers suspected, partial rounds: one entry per run
+    assert flip[10] == "20,20,20"
     assert rows["clean, undefended"][4:6] == ["—", "—"]
 
 
@@ -49,3 +51,7 @@ def test_a_cell_without_a_defence_turns_only_that_one_off_and_its_config_loads()
                                                          ablation="the far-sender drop"))
     assert defended.swarm.aggregation.far_ratio == 100.0 and ablated.swarm.aggregation.far_ratio == 0.0
     assert ablated.swarm.aggregation.method == "centered_clip" and ablated.swarm.exclusion.enabled
+    for ablation, read in (("the step on a partial average", lambda c: c.swarm.step_on_partial_average),
+                           ("the direction margin", lambda c: c.swarm.aggregation.direction_sigmas)):
+        config = SwarmdConfig.model_validate(attacks.config("sync", {}, ablation=ablation))
+        assert read(defended) and not read(config), ablation

@@ -381,7 +381,8 @@ def test_an_update_pulling_against_the_round_is_reported_as_an_outlier_where_upd
         reducer = types.SimpleNamespace(
             clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: [2],
             overweight_senders=lambda ratio: [],
-            cosine_with_result=lambda sender: -0.5, values_sent=[10] * 3, outlier_values=[0] * 3,
+            cosine_with_result=lambda sender: -0.5, opposed_bound=lambda sender: -0.1, values_judged_by_sender=[10] * 3,
+            values_sent=[10] * 3, outlier_values=[0] * 3,
             clipped_by_sender=[0] * 3, num_parts=1)
         averager._count_outliers(types.SimpleNamespace(tensor_part_reducer=reducer,
                                                        sender_peer_ids=[own, honest, flipper]))
