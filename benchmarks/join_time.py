@@ -12,6 +12,11 @@ third of the bytes (`swarm.refresh_parameters`, the sync default), and downloadi
 (hivemind's way); and the sync default once more with the downloads by hivemind's RPC (`swarm.state_stream: false`)
 instead of swarmd's state stream.
 
+The model trains at AdamW's 1e-4 (`OPTIM`), a rate at which it learns; until 2026-12-07 it ran at the task's default
+3e-3, at which it diverges and one step moves its output layer by 40% of its norm (the mode "parameters again, lr
+3e-3 (a diverging model)" runs it so): two insiders a step apart then disagree on the state beyond the split
+download's vote, which a real task's would not.
+
 Cold and warm starts are reported apart (issue 37: the first join of a run was the slowest). A warm start finds
 torch, hivemind and the task in the page cache; with `--cold` every repetition also starts one joiner right after
 `echo 3 > /proc/sys/vm/drop_caches` (root only; the insiders, already running, read back what they need). Each join
@@ -61,7 +66,16 @@ MODES = {
     # the sync default with hivemind's search for a state round's group (as long as averaging_timeout)
     "parameters again, upstream's state round search": {"catch_up_by_averaging": False, "refresh_parameters": True,
                                                          "state_round_search": 0},
+    # the sync default on the model as every run before 2026-12-07 trained it: at the task's default learning rate
+    # (3e-3) this 20M-parameter model diverges (its loss from 0.48 to 4-40), one step moves its output layer by 40%
+    # of its norm, and two insiders whose rounds differed by one step disagree on the state beyond the split
+    # download's vote (swarm/upstream/split_download.py)
+    "parameters again, lr 3e-3 (a diverging model)": {"catch_up_by_averaging": False, "refresh_parameters": True,
+                                                      "task": {"optim": {"lr": 3e-3}}},
 }
+# The task's optimizer: AdamW at a rate at which the widened model trains (its loss from 0.48 to 0.30 in 12 steps of
+# 256 samples, each step moving a tensor by 0.2-0.5% of its norm, as a real task's would; a mode's `task` overrides)
+OPTIM = {"lr": 1e-4, "weight_decay": 0.0, "warmup_epochs": 0, "schedule": "constant"}
 
 
 LAYOUTS = ("shared", "own-core")
@@ -70,10 +84,12 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 def config(hidden: int, features: int, mode: dict, target_batch_size: int = 256) -> dict:
+    swarm = dict(mode)
+    optim = {**OPTIM, **swarm.pop("task", {}).get("optim", {})}
     return peer_config(
-        task={"name": "faulty", "features": features, "hidden": hidden, "samples": 2048},
-        swarm={"target_batch_size": target_batch_size, "matchmaking_time": 3.0, "averaging_timeout": 60.0, "load_state_timeout": 120.0,
-               **mode},
+        task={"name": "faulty", "features": features, "hidden": hidden, "samples": 2048, "optim": optim},
+        swarm={"target_batch_size": target_batch_size, "matchmaking_time": 3.0, "averaging_timeout": 60.0,
+               "load_state_timeout": 120.0, **swarm},
         training={"batch_size": 16, "threads": 1, "seed": 0},
         checkpoint={"enabled": False},
         metrics={"enabled": False},
