@@ -103,9 +103,10 @@ OPPOSED_COSINE = 0.0
 # sender's mean is positive, but once the loss is at its noise floor the signal is small next to a 64-sample batch's
 # noise, and in a share of a few hundred values (six peers, the attack benchmark's 2177-value model) or of one small
 # tensor its cosine is that noise. Measured (2026-12-07, clean six-peer cells): honest senders found "pulling
-# against" at -0.01..-0.23 where their rounds were in step, which put three of five honest peers under suspicion in
-# each clean run and had one excluded in two of five. A flipper with a signal to flip is far below the margin (-0.25
-# to -0.87 over ~540 values, where -3/sqrt(540) = -0.13); one without (noise-dominated) flips little but noise.
+# against" at -0.01..-0.23 where their rounds were in step, which put 2-6 of the 6 honest peers under suspicion in
+# every clean run and had one excluded in 3 of 11 (with the margin: 0-2 suspects, none excluded, in 5). A flipper with
+# a signal to flip is far below it (-0.38..-0.99 in the same runs; over 2048 values the bound is -0.07, over 129
+# -0.26); one without (noise-dominated) flips little but noise. docs/FAULTS.md, "Honest peers under suspicion".
 # `swarm.aggregation.direction_sigmas` (0: a bare sign test).
 OPPOSED_SIGMAS = 3.0
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
