@@ -4,9 +4,11 @@ A warm start reaches the swarm's state in 6-12 s here (docs/PERFORMANCE.md secti
 stood 33 s between answering on its status socket and the end of its imports, with nothing in its log, and was not
 seen again (issue 37). An operator whose peer stands at start-up has the same question: where is it? `StartupWatch`
 runs beside the start-up (until the worker starts, the download excepted: that is the worker's and the network's)
-and, each time it has run `first` seconds, then twice that, and so on, logs one warning with the phases timed so far
-and the innermost frames of every thread of this process (the loop's, the model's pool, the preload). Nothing is
-logged by a start-up that ends in time; the watch never touches what it watches.
+and, each time it has run `first` seconds, then twice that, and so on, logs one line with the phases timed so far
+and the innermost frames of every thread of this process (the loop's, the model's pool, the preload). At INFO, not
+WARNING: a start-up can be slow and well (a large model built on a CPU, a dataset indexed, a bootstrap retried), and
+the line is there to say where, not that something is wrong. Nothing is logged by a start-up that ends in time; the
+watch never touches what it watches.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class StartupWatch:
     def __init__(self, describe: Callable[[], str], first: float = FIRST_WARNING_SECONDS):
         self.describe = describe
         self.first = first
-        self.warnings = 0
+        self.reports = 0
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._began = 0.0
@@ -73,8 +75,8 @@ class StartupWatch:
     def _watch(self) -> None:
         wait = self.first
         while not self._done.wait(max(0.0, self._began + wait - time.monotonic())):
-            self.warnings += 1
+            self.reports += 1
             stacks = "; ".join(thread_stacks(skip=threading.get_ident()))
-            logger.warning("Start-up has taken %.1f s so far (%s); where its threads are: %s",
-                           time.monotonic() - self._began, self.describe(), stacks)
+            logger.info("Start-up has taken %.1f s so far (%s); where its threads are: %s",
+                        time.monotonic() - self._began, self.describe(), stacks)
             wait *= 2
