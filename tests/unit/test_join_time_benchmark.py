@@ -104,3 +104,16 @@ def test_the_epoch_watch_adds_up_the_time_behind_the_insider():
     assert watch.behind == 2.0 + 2.0  # from 1.0 to 3.0, and from 4.0 to 6.0
     watch.see(8, 9.0)  # no insider's epoch: not counted as behind
     assert watch.behind == 4.0
+
+
+def test_the_model_trains_at_a_rate_it_learns_at_and_the_old_rate_is_a_mode_of_its_own():
+    """The widened model at AdamW 1e-4 (at the task's default 3e-3 it diverged); the mode that runs the old rate
+    changes the task's optimizer only, and both configs load."""
+    from swarmd.config.schema import SwarmdConfig
+
+    default = SwarmdConfig.model_validate(join_time.config(64, 32, join_time.MODES["parameters again"]))
+    diverging = SwarmdConfig.model_validate(
+        join_time.config(64, 32, join_time.MODES["parameters again, lr 3e-3 (a diverging model)"]))
+    assert default.task.model_dump()["optim"]["lr"] == 1e-4
+    assert diverging.task.model_dump()["optim"]["lr"] == 3e-3
+    assert diverging.swarm == default.swarm  # the mode's "task" is not passed on as a swarm setting
