@@ -67,10 +67,12 @@ class DaemonProcess:
         ]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: Optional[subprocess.Popen] = None
+        self.started_at = 0.0  # unix time of start()
         self._known_descendants: set[int] = set()
 
     def start(self) -> "DaemonProcess":
         self._log = open(self.log_path, "ab")
+        self.started_at = time.time()  # leftover_shared_memory: files older than this are another process's
         self.proc = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True
         )
@@ -170,12 +172,16 @@ class DaemonProcess:
         """torch's shared-memory files of this daemon's processes (/dev/shm/torch_<pid>_...) still there after
         `grace` seconds: hivemind shares tensors with torch's file_system strategy, whose manager process removes
         them once all its clients are gone, which may be a moment after the daemon's exit (seen in CI: five files of
-        a cleanly stopped peer, an instant after its exit; and one file 5 s after, on a loaded 2-core run)."""
+        a cleanly stopped peer, an instant after its exit; and one file 5 s after, on a loaded 2-core run). Pids are
+        reused (pid_max 32768 here), and a process killed earlier leaves its files by design (daemon/shared_memory.py):
+        a file older than this daemon's start was another process's (seen in CI: a file of 07:28 named after the pid
+        a peer started at 09:01 had)."""
         pids = {str(pid) for pid in self._known_descendants | {self.proc.pid}}
         deadline = time.monotonic() + grace
         while True:
             left = sorted(
                 name for name in os.listdir("/dev/shm") if name.startswith("torch_") and name.split("_")[1] in pids
+                and _changed_since(Path("/dev/shm") / name, self.started_at - 1.0)
             )
             if not left or time.monotonic() > deadline:
                 return left
@@ -197,6 +203,14 @@ class DaemonProcess:
                         pass
         if getattr(self, "_log", None):
             self._log.close()
+
+
+def _changed_since(path: Path, moment: float) -> bool:
+    """Whether the file at `path` was made (or changed) at or after unix time `moment`; False once it is gone."""
+    try:
+        return path.stat().st_ctime >= moment
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
