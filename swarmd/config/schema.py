@@ -199,9 +199,8 @@ class AggregationConfig(StrictModel):
     judge_direction: bool = Field(
         True, description="Count a sender whose update (gradients, DiLoCo's pseudo-gradients) points away from the "
         "round's result over this peer's share (cosine below 0, by direction_sigmas) as an outlier in that round, as "
-        "if clipped: a sign "
-        "flip at honest scale stays within the clip radius. The result is the same either way. Off where honest "
-        "peers' data differ so much that their updates disagree.",
+        "if clipped: a sign flip at honest scale stays within the clip radius. The result is the same either way. "
+        "Off where honest peers' data differ so much that their updates disagree.",
     )
     direction_sigmas: float = Field(
         3.0, ge=0, le=100, description="With judge_direction: a sender counts as pointing away only where its cosine "

@@ -279,8 +279,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         against the round, and one excluded it in a clean run (docs/FAULTS.md, "a round returns only part of the
         average")."""
         implausible = self._implausible_average() if self.step_on_partial_average else ""
+        on_own_gradients = not self.step_on_partial_average or bool(implausible)
         used = "the average where it came and local gradients elsewhere"
-        if not self.step_on_partial_average or implausible:
+        if on_own_gradients:
             used = "local gradients" + (f" ({implausible})" if implausible else "")
         logger.warning(
             "Averaging gradients returned %.1f%% of the average (a reducer failed or was late, or its average was "
@@ -292,7 +293,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             error=what_did_not_arrive(missing), timeline=timeline,
         )
         self.state_averager.resync_requested = True
-        if not self.step_on_partial_average or implausible:
+        if on_own_gradients:
             self._step_on_own_contribution()
         else:
             self._load_averaged_gradients_into_optimizer_()
