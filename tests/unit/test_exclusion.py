@@ -396,6 +396,47 @@ def test_an_update_pulling_against_the_round_is_reported_as_an_outlier_where_upd
     assert reported(RecordsRounds, Aggregation())[0] == [((honest.to_base58(), False), (flipper.to_base58(), False))]
 
 
+def test_a_stale_update_or_a_pairs_word_alone_is_no_evidence_of_pulling_against(tmp_path):
+    """A sender whose update is of another epoch than the round's (or than this peer's own, in a pair where this
+    peer's part is the reference) pointed away by staleness, not by a lie (the liar swarm test: an honest founder a
+    step behind at cosine -0.79): not reported as an outlier. In a pair, an update pointing away from this peer's own
+    counts only against a peer this peer already suspects (the same swarm test: a peer whose parameters a download
+    from the liar had set astray found its honest partner "pulling against" in 6 of 11 pair rounds, and excluded it).
+    A sender in step in a group of three or more, or one that sent no epoch (a plain hivemind peer), is judged as
+    before."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
+    from swarmd.swarm.upstream.robust_aggregation import Aggregation
+
+    own, behind, flipper, plain = (PeerID(f"peer-{i}".encode()) for i in range(4))
+
+    def reported(senders, epochs, suspects=()):
+        listed = ExclusionList(tmp_path / f"round-{len(list(tmp_path.iterdir()))}")
+        listed.start()
+        listed.publish([], suspects=[peer.to_base58() for peer in suspects])
+        averager = _method_only(AdmittingGradientAverager, listed, own)
+        averager.aggregation = Aggregation()
+        count = len(senders)
+        reducer = types.SimpleNamespace(
+            clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: list(range(1, count)),
+            overweight_senders=lambda ratio: [], cosine_with_result=lambda sender: -0.8,
+            opposed_bound=lambda sender: -0.1, values_judged_by_sender=[100] * count, values_sent=[100] * count,
+            outlier_values=[0] * count, clipped_by_sender=[0] * count, num_parts=1)
+        averager._count_outliers(types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=senders), epochs)
+        return {peer: flagged for _, _, report in _drained(listed, 1) for peer, flagged in report}
+
+    group = [own, behind, flipper, plain]
+    assert reported(group, {own: 29, behind: 28, flipper: 29}) == {
+        behind.to_base58(): False, flipper.to_base58(): True, plain.to_base58(): True}
+    # ...where the round's epochs cannot be read, everyone is judged
+    assert reported([own, behind, flipper], {}) == {behind.to_base58(): True, flipper.to_base58(): True}
+    # in a pair: only against a suspect, and with this peer's own epoch the reference
+    assert reported([own, flipper], {own: 29, flipper: 29}) == {flipper.to_base58(): False}
+    assert reported([own, flipper], {own: 29, flipper: 29}, suspects=[flipper]) == {flipper.to_base58(): True}
+    assert reported([own, flipper], {own: 28, flipper: 29}, suspects=[flipper]) == {flipper.to_base58(): False}
+
+
 def test_a_sender_claiming_far_more_samples_than_the_round_is_reported_as_an_outlier(tmp_path):
     """The weight a sender claims above claim_rate_ratio x claims.SAMPLE_SLACK x the round's median
     (CenteredClipReducer.overweight_senders) counts as an outlier in that round, in every averager; with claims

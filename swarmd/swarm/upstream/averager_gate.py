@@ -87,13 +87,19 @@ class AdmitsAllowedPeers(PacedAverager, FinalizesRunningRoundsAtShutdown, Report
                                            "against it in the exclusion window; a pair cannot outvote a liar)")
         return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
 
+    def pair_word_counts(self, peer_id: str) -> bool:
+        # a pair's direction confirms evidence this peer holds from elsewhere (rounds of three or more, a refused
+        # average, a capped claim), it never starts it: a flipper that other honest peers excluded, and that meets
+        # this one in pairs, had been seen in their groups by this one too
+        return self._exclusions is None or self._exclusions.suspected(peer_id)
+
     def _count_outliers(self, runner, epochs=None) -> None:
         super()._count_outliers(runner, epochs)
         if self._exclusions is None:
             return
         reducer = runner.tensor_part_reducer
         clipped = set(reducer.far_senders() if self.judges_whole_share else reducer.clipped_senders())
-        clipped |= set(self.opposed_senders(runner))  # an update pulling against the round: an outlier there too
+        clipped |= set(self.opposed_senders(runner, epochs))  # an update pulling against the round: an outlier too
         # a weight (the samples a sender claims) far above the round's median: the claim was capped, a lie there too
         clipped |= set(reducer.overweight_senders(self._exclusions.policy.claim_rate_ratio * SAMPLE_SLACK))
         total = len(runner.sender_peer_ids)

@@ -96,7 +96,8 @@ RETURN_RATIO = 100.0
 # is not found (tests/unit/test_robust_aggregation.py). In a group of two with this peer the result is their mean:
 # the other's part is judged against this peer's own instead (two honest updates are at cosine |mean|^2 / (|mean|^2
 # + |noise|^2) > 0), so that a flipper that other honest peers excluded, and that meets this one in pairs, is found
-# there too. Parameters are not judged so: they all point alike.
+# there too: where this peer holds other evidence against it (a pair's word alone is no evidence, and a stale update
+# none: `AggregatesRobustly.excused_directions`). Parameters are not judged so: they all point alike.
 OPPOSED_COSINE = 0.0
 # ...by a margin the judged values' number makes significant: below OPPOSED_COSINE - OPPOSED_SIGMAS / sqrt(values).
 # Two directions that have nothing to do with each other in d values are at a cosine of about N(0, 1/d); an honest
@@ -488,6 +489,25 @@ def _behind_the_round(senders: Sequence, epochs: dict) -> dict[int, str]:
             for index, epoch in said.items() if epoch is not None and epoch < round_at}
 
 
+def _out_of_step(senders: Sequence, epochs: dict, own) -> set[int]:
+    """The senders whose update is of another epoch than what its direction is judged against: the round's epoch
+    (swarm/round_epochs.py round_epoch) where the result is the reference, this peer's own where it is one of a pair
+    (its own part the reference). A gradient of parameters a step older is no evidence of a lie: at a learning rate
+    where the loss oscillates about its floor, consecutive steps' gradients point opposite ways (seen in the liar
+    swarm test: an honest founder one epoch behind at cosine -0.58 over 2048 values and -0.79 over 129, and each of
+    the pair found the other "pulling against", until one excluded the other). A sender that sent no epoch (a plain
+    hivemind peer) is judged. What a liar gains by claiming another epoch in every round: its direction is not
+    judged, its distance still is (docs/FAULTS.md, "Stale updates are not judged by direction")."""
+    said = [gathered_epoch(epochs.get(peer)) for peer in senders]
+    if len(senders) == 2 and own in senders:
+        reference = said[list(senders).index(own)]
+    else:
+        reference = round_epoch(epochs.values())
+    if reference is None:
+        return set()
+    return {sender for sender, epoch in enumerate(said) if epoch is not None and epoch != reference}
+
+
 def _negligible(finite: list[bool], weights) -> list[bool]:
     """For each sender: a finite part whose sender weighs next to nothing (NEGLIGIBLE_WEIGHT_SHARE): no evidence
     against it, whatever it sent."""
@@ -602,10 +622,37 @@ class AggregatesRobustly(DecentralizedAverager):
         except Exception:  # noqa: BLE001 - upstream's own reading of them fails the round first
             return {}
 
-    def opposed_senders(self, runner: RobustAllReduceRunner) -> list[int]:
+    def opposed_senders(self, runner: RobustAllReduceRunner, epochs: Optional[dict] = None) -> list[int]:
         """The senders whose updates pointed away from this round's result in this peer's share (none where the
-        tensors are not updates, or the check is off)."""
-        return runner.tensor_part_reducer.opposed_senders() if self._judges_direction_now else []
+        tensors are not updates, or the check is off), but for those `excused_directions` excuses; `epochs` as
+        `_gathered_epochs` reads them."""
+        if not self._judges_direction_now:
+            return []
+        excused = self.excused_directions(runner, epochs)
+        return [sender for sender in runner.tensor_part_reducer.opposed_senders() if sender not in excused]
+
+    def excused_directions(self, runner: RobustAllReduceRunner, epochs: Optional[dict] = None) -> dict[int, str]:
+        """For each sender whose direction is no evidence this round, why: its update is of another epoch than what
+        it is judged against (`_out_of_step`), or this peer's own part is the reference (a pair) and this peer has no
+        other evidence against it (`pair_word_counts`)."""
+        excused = {sender: "its update and what it was judged against were of different epochs: a stale update"
+                   for sender in _out_of_step(runner.sender_peer_ids, epochs or {}, self.peer_id)}
+        senders = runner.sender_peer_ids
+        if len(senders) == 2 and self.peer_id in senders:
+            for sender, peer in enumerate(senders):
+                if peer != self.peer_id and sender not in excused and not self.pair_word_counts(peer.to_base58()):
+                    excused[sender] = ("in a pair, this peer's own part the reference, and no other evidence against "
+                                       "it: a pair's word against the other's")
+        return excused
+
+    def pair_word_counts(self, peer_id: str) -> bool:
+        """Whether an update of `peer_id` pointing away from this peer's own, in a pair of the two, is evidence against
+        it: here always (an averager with no exclusion table); swarm/upstream/averager_gate.py asks the table. In a
+        pair the reference is this peer's own update, so a peer whose parameters went astray (a download from a liar
+        before the evidence was in) finds its honest partner "pulling against" it (seen in the liar swarm test: cosine
+        -0.31..-0.73 in 6 of 11 pair rounds, and an honest peer excluded), and the state round of two that would bring
+        them together is refused to a suspect."""
+        return True
 
     @property
     def _judges_direction_now(self) -> bool:
@@ -621,7 +668,13 @@ class AggregatesRobustly(DecentralizedAverager):
                            "own values there", runner.ordered_peer_ids[index], why)
         reducer = runner.tensor_part_reducer
         clipped = reducer.clipped_senders()
-        opposed = self.opposed_senders(runner)
+        opposed = self.opposed_senders(runner, epochs)
+        if self._judges_direction_now:
+            excused = self.excused_directions(runner, epochs)
+            for sender in set(reducer.opposed_senders()) & set(excused):
+                logger.debug("%s pointed away from the round in this peer's share (cosine %.2f over %d values), no "
+                             "evidence: %s", runner.sender_peer_ids[sender], reducer.cosine_with_result(sender),
+                             reducer.values_judged_by_sender[sender], excused[sender])
         with self.outliers_clipped.get_lock():
             self.outliers_clipped.value += len(set(clipped) | set(opposed))
         for sender in opposed:
