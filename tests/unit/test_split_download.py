@@ -5,6 +5,7 @@ state is never made of two epochs, and suspects are never asked for a part."""
 
 import asyncio
 import functools
+import multiprocessing as mp
 import time
 import types
 
@@ -14,7 +15,7 @@ from hivemind.p2p import PeerID
 from swarmd.swarm.state_layout import StateLayout
 from swarmd.swarm.state_parts import sample_values, samples_bytes
 from swarmd.swarm.upstream.split_download import SplitsDownloads, split_donors
-from swarmd.swarm.upstream.state_stream import Waits
+from swarmd.swarm.upstream.state_stream import STATE_DONORS_BYTES, Waits
 
 A, B, C, D = (PeerID(name.encode() * 4) for name in "abcd")
 
@@ -32,6 +33,7 @@ class Joiner(SplitsDownloads):
         self.states, self.asked = states, []
         self.download_by_stream, self._exclusions = True, None
         self.fail_after, self.epochs = fail_after, epochs  # parts that come before the rest fails; each copy's epoch
+        self.state_donors = mp.Array("c", STATE_DONORS_BYTES)  # who the state came from, for the host
 
     def state_layout(self, kind):
         return StateLayout(tuple(tuple(t.shape) for t in honest_state()))
@@ -68,6 +70,7 @@ def test_three_honest_donors_send_a_part_each_that_make_their_exact_state():
     assert exact(loaded)
     assert sorted(str(peer) for peer, _ in joiner.asked) == sorted(map(str, (A, B, C)))  # one part each
     assert loaded[0]["donor"] == str([peer for peer, part in joiner.asked if part.stop is None][0])
+    assert sorted(joiner.donors_of_the_state()) == sorted(map(str, (A, B, C)))  # noted for the host
 
 
 def test_a_liar_among_three_is_outvoted_and_its_part_taken_from_an_honest_donor():
@@ -77,6 +80,7 @@ def test_a_liar_among_three_is_outvoted_and_its_part_taken_from_an_honest_donor(
         assert exact(loaded)
         liar_part = [part for peer, part in joiner.asked if peer == B][0]
         assert [peer for peer, part in joiner.asked if part == liar_part][-1] in (A, C)  # asked again, of A or C
+        assert str(B) not in joiner.donors_of_the_state()  # outvoted: not a donor of the state taken
 
 
 def test_two_donors_that_disagree_give_the_state_of_the_one_asked_first_without_its_part_again():

@@ -65,3 +65,59 @@ def test_a_state_rounds_search_is_cut_to_the_limit_past_its_scheduled_start():
     assert bounded_search(30.0, 103.0, 2.0, now=100.0) == 5.0  # pre-scheduled 3 s ahead: 2 s past that
     assert bounded_search(30.0, 99.0, 2.0, now=100.0) == 2.0  # its start has passed
     assert bounded_search(1.5, 103.0, 2.0, now=100.0) == 1.5  # a shorter timeout stays
+
+
+def test_a_state_from_a_peer_with_evidence_against_it_since_is_taken_again_once(tmp_path):
+    """A joiner may download a liar's state before any evidence is in; once this peer holds evidence against a donor
+    of its state (a suspect, or excluded), its next step takes the state again (from the peers without evidence
+    first), once per donor and degree: with every donor a suspect, the downloads do not go from one to the other at
+    each step (seen: eight in 0.4 s between an honest suspect and the liar), and a suspect's exclusion is a reason
+    again."""
+    from types import SimpleNamespace
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
+
+    optimizer = object.__new__(SwarmOptimizer)
+    donors = ["QmLiar"]
+    optimizer.state_averager = SimpleNamespace(donors_of_the_state=lambda: list(donors))
+    optimizer._donors_doubted = set()
+    listed = ExclusionList(tmp_path / "excluded_peers.active")
+    listed.start()
+    assert not optimizer._state_from_a_suspect()  # no exclusions installed (a standalone optimizer)
+    exclusion.install(listed)
+    try:
+        assert not optimizer._state_from_a_suspect()  # no evidence against the donor
+        listed.publish([], suspects=["QmLiar", "QmSuspect"])
+        assert optimizer._state_from_a_suspect()
+        assert not optimizer._state_from_a_suspect()  # taken again: not for the same reason twice
+        donors[:] = ["QmSuspect"]
+        assert optimizer._state_from_a_suspect()
+        donors[:] = ["QmLiar"]  # every donor a suspect: kept
+        assert not optimizer._state_from_a_suspect()
+        donors[:] = ["QmHonest"]
+        assert not optimizer._state_from_a_suspect()
+        donors[:] = ["QmHonest", "QmLiar"]
+        listed.publish(["QmLiar"], suspects=["QmSuspect"])  # the suspect excluded: a new reason
+        assert optimizer._state_from_a_suspect()
+        assert not optimizer._state_from_a_suspect()
+    finally:
+        exclusion.install(None)
+
+
+def test_the_donors_of_a_download_are_kept_whole_within_their_buffer():
+    """What the averager's process notes of a download's donors, for the host: whole peer ids, as many as fit."""
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from swarmd.swarm.upstream.state_stream import STATE_DONORS_BYTES, DownloadsState
+
+    averager = SimpleNamespace(state_donors=mp.Array("c", STATE_DONORS_BYTES))
+    assert DownloadsState.donors_of_the_state(averager) == []
+    DownloadsState.note_donors(averager, ["QmA", "QmB"])
+    assert DownloadsState.donors_of_the_state(averager) == ["QmA", "QmB"]
+    many = [f"Qm{index:050d}" for index in range(40)]
+    DownloadsState.note_donors(averager, many)
+    kept = DownloadsState.donors_of_the_state(averager)
+    assert kept == many[:len(kept)] and 15 <= len(kept) < 40

@@ -160,6 +160,7 @@ class SplitsDownloads(DownloadsState):
             logger.warning("The %s in parts from %s cannot be used (%s): asking one donor at a time",
                            kind, ", ".join(map(str, senders)), unusable)
             return None
+        self.note_donors(dict.fromkeys(senders))
         megabytes = sum(t.numel() * t.element_size() for t in loaded[1]) / 1e6
         seconds = time.perf_counter() - began
         logger.info("Downloaded the %s in %d parts from %s: %.1f MB in %.2f s (%.0f MB/s); %s", kind, len(sent),

@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 KINDS = ("state", "parameters")
 WRITE_BYTES = 1 << 20  # one write to p2pd (64 kB and 1 MB writes measured alike, PERFORMANCE.md section 5)
 LENGTH_BYTES = 8
+# room for the donors of a download (a base58 peer id is ~46-52 characters): a split's donors are a few
+STATE_DONORS_BYTES = 1024
 MAX_FRAME_HEADER = 1 << 20  # a tensor's description or the metadata: small; a longer one is a broken peer
 
 
@@ -100,6 +102,9 @@ class DownloadsState:
         # peers that refused to send their state, counted in the averager's process, read by the host: a download
         # that every peer refused is told apart from one that found nobody (a private swarm's outsider is refused)
         self.download_refusals = mp.Value("q", 0)
+        # the donors of the last state (or parameters) this averager's process downloaded, their ids separated by
+        # spaces: the host takes the state again once it has evidence against one of them (optimizer.py)
+        self.state_donors = mp.Array("c", STATE_DONORS_BYTES)
         # a part's request, from the averager's process to the host's (served_state): put just before the host is
         # asked for the state, under a lock that keeps every other ask of this averager's process out in between
         self._part_requests = mp.SimpleQueue()
@@ -232,6 +237,7 @@ class DownloadsState:
                 for route in await routes(kind):
                     loaded = await self._try_route(route, kind, waits())
                     if loaded is not None:
+                        self.note_donors([route.donor])
                         future.set_result(loaded)
                         return
         except Exception as e:  # noqa: BLE001 - reported to the caller as "nothing came"
@@ -241,8 +247,23 @@ class DownloadsState:
                 future.set_result(None)
 
     async def _download_in_parts(self, kind: str, offers: dict[PeerID, float], waits) -> Optional[tuple]:
-        """The state in parts from several donors (split_download.py), or None: ask one donor at a time."""
+        """The state in parts from several donors (split_download.py, which notes them), or None: ask one donor at a
+        time."""
         return None
+
+    def note_donors(self, donors) -> None:
+        """Remember who the state just downloaded came from (`state_donors`), as many as fit."""
+        kept = b""
+        for donor in donors:
+            joined = (kept + b" " + str(donor).encode()).strip()
+            if len(joined) >= STATE_DONORS_BYTES:
+                break
+            kept = joined
+        self.state_donors.value = kept
+
+    def donors_of_the_state(self) -> list[str]:
+        """The peers the last download came from (none before one): read by the host."""
+        return self.state_donors.value.decode(errors="replace").split()
 
     async def _direct_routes(self, offers: dict[PeerID, float], kind: str) -> list[Route]:
         return [Route(peer, str(peer), functools.partial(self._download_from, peer, kind))
