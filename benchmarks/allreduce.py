@@ -65,10 +65,13 @@ def _sink(port: int, num_bytes: int) -> None:
 class Swarm:
     """N DHT nodes and averagers holding `megabytes` MB each, kept alive across rounds."""
 
-    def __init__(self, peers: int, megabytes: float):
+    def __init__(self, peers: int, megabytes: float, averager=None, tag: str = "", **averager_kwargs):
+        """`averager`: the averager class (hivemind's DecentralizedAverager by default), built with
+        `averager_kwargs` besides the benchmark's; `tag` tells swarms of the same shape apart."""
         import hivemind
         import torch
 
+        averager = averager or hivemind.averaging.DecentralizedAverager
         self.dhts, self.averagers = [], []
         self.cpu_per_round: list[dict[str, float]] = []
         numel = int(megabytes * 1e6 / 4)
@@ -78,9 +81,9 @@ class Swarm:
             self.dhts.append(dht)
             tensors = [torch.randn(numel // 4) for _ in range(4)]
             self.averagers.append(
-                hivemind.averaging.DecentralizedAverager(
-                    tensors, dht, prefix=f"bench{peers}x{int(megabytes * 1000)}", target_group_size=peers, min_group_size=peers,
-                    min_matchmaking_time=3.0, request_timeout=1.0, start=True,
+                averager(
+                    tensors, dht, prefix=f"bench{tag}{peers}x{int(megabytes * 1000)}", target_group_size=peers,
+                    min_group_size=peers, min_matchmaking_time=3.0, request_timeout=1.0, start=True, **averager_kwargs,
                 )
             )
 
