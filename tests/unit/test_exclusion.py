@@ -437,6 +437,36 @@ def test_a_stale_update_or_a_pairs_word_alone_is_no_evidence_of_pulling_against(
     assert reported([own, flipper], {own: 28, flipper: 29}, suspects=[flipper]) == {flipper.to_base58(): False}
 
 
+def test_a_sender_out_of_step_round_after_round_is_judged_by_direction_again(tmp_path):
+    """A stale update is excused for STALE_ROUNDS_EXCUSED rounds in a row (an honest peer the swarm outran downloads
+    within a round or two): a liar that claims another epoch in every round, to escape the direction test, is judged
+    from the next one on; a round in step starts the count again."""
+    from hivemind.p2p import PeerID
+
+    from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager
+    from swarmd.swarm.upstream.robust_aggregation import STALE_ROUNDS_EXCUSED, Aggregation
+
+    own, honest, claimer = (PeerID(f"peer-{i}".encode()) for i in range(3))
+    listed = ExclusionList(tmp_path / "excluded_peers.active")
+    listed.start()
+    averager = _method_only(AdmittingGradientAverager, listed, own)
+    averager.aggregation = Aggregation()
+
+    def judged(claimed_epoch: int) -> bool:
+        reducer = types.SimpleNamespace(
+            clipped_senders=lambda: [], far_senders=lambda: [], opposed_senders=lambda: [2],
+            overweight_senders=lambda ratio: [], cosine_with_result=lambda sender: -0.8,
+            opposed_bound=lambda sender: -0.1, values_judged_by_sender=[100] * 3, values_sent=[100] * 3,
+            outlier_values=[0] * 3, clipped_by_sender=[0] * 3, num_parts=1)
+        runner = types.SimpleNamespace(tensor_part_reducer=reducer, sender_peer_ids=[own, honest, claimer])
+        averager._count_outliers(runner, {own: 40, honest: 40, claimer: claimed_epoch})
+        return dict(report for _, _, senders in _drained(listed, 1) for report in senders)[claimer.to_base58()]
+
+    assert [judged(39) for _ in range(STALE_ROUNDS_EXCUSED + 2)] == [False] * STALE_ROUNDS_EXCUSED + [True, True]
+    assert judged(40) is True  # in step: judged (and the count starts again)
+    assert judged(39) is False
+
+
 def test_a_sender_claiming_far_more_samples_than_the_round_is_reported_as_an_outlier(tmp_path):
     """The weight a sender claims above claim_rate_ratio x claims.SAMPLE_SLACK x the round's median
     (CenteredClipReducer.overweight_senders) counts as an outlier in that round, in every averager; with claims

@@ -110,6 +110,12 @@ OPPOSED_COSINE = 0.0
 # -0.26); one without (noise-dominated) flips little but noise. docs/FAULTS.md, "Honest peers under suspicion".
 # `swarm.aggregation.direction_sigmas` (0: a bare sign test).
 OPPOSED_SIGMAS = 3.0
+# A sender out of step (`_out_of_step`) is excused from the direction test for this many of its rounds in a row
+# with this peer: an honest peer the swarm outran downloads within a round or two (swarm/round_epochs.py; seen: two
+# in a row in 12 of 44 honest peers' logs of the liar swarm test, never three); a liar that claims another epoch in
+# every round to escape the test is judged from its next round on.
+STALE_ROUNDS_EXCUSED = 3
+MAX_STREAKS = 1024  # senders whose streak a reducer remembers (peer ids come from strangers: bounded)
 # Senders whose (capped) weights differ by more than this factor are judged for the evidence by an unweighted
 # CenteredClip (a second pass): see CenteredClipReducer.aggregate.
 EVIDENCE_WEIGHT_SPREAD = 1.5
@@ -496,8 +502,8 @@ def _out_of_step(senders: Sequence, epochs: dict, own) -> set[int]:
     where the loss oscillates about its floor, consecutive steps' gradients point opposite ways (seen in the liar
     swarm test: an honest founder one epoch behind at cosine -0.58 over 2048 values and -0.79 over 129, and each of
     the pair found the other "pulling against", until one excluded the other). A sender that sent no epoch (a plain
-    hivemind peer) is judged. What a liar gains by claiming another epoch in every round: its direction is not
-    judged, its distance still is (docs/FAULTS.md, "Stale updates are not judged by direction")."""
+    hivemind peer) is judged. A liar that claims another epoch in every round is judged again after
+    STALE_ROUNDS_EXCUSED rounds (`AggregatesRobustly.excused_directions`)."""
     said = [gathered_epoch(epochs.get(peer)) for peer in senders]
     if len(senders) == 2 and own in senders:
         reference = said[list(senders).index(own)]
@@ -633,16 +639,32 @@ class AggregatesRobustly(DecentralizedAverager):
 
     def excused_directions(self, runner: RobustAllReduceRunner, epochs: Optional[dict] = None) -> dict[int, str]:
         """For each sender whose direction is no evidence this round, why: its update is of another epoch than what
-        it is judged against (`_out_of_step`), or this peer's own part is the reference (a pair) and this peer has no
-        other evidence against it (`pair_word_counts`)."""
-        excused = {sender: "its update and what it was judged against were of different epochs: a stale update"
-                   for sender in _out_of_step(runner.sender_peer_ids, epochs or {}, self.peer_id)}
-        senders = runner.sender_peer_ids
+        it is judged against (`_out_of_step`), for up to STALE_ROUNDS_EXCUSED of its rounds in a row here, or this
+        peer's own part is the reference (a pair) and this peer has no other evidence against it
+        (`pair_word_counts`). Decided once per round (the streaks count rounds): kept on the runner."""
+        decided = getattr(runner, "excused_directions", None)
+        if decided is not None:
+            return decided
+        senders, excused = runner.sender_peer_ids, {}
+        out_of_step = _out_of_step(senders, epochs or {}, self.peer_id)
+        streaks = self.__dict__.setdefault("_out_of_step_rounds", {})  # in the averager's process: sender -> rounds
+        for sender, peer in enumerate(senders):
+            streak = streaks.pop(peer, 0) + 1
+            if sender not in out_of_step:
+                streak = 0
+            if streak:
+                streaks[peer] = streak  # the newest last: the oldest forgotten first
+                while len(streaks) > MAX_STREAKS:
+                    del streaks[next(iter(streaks))]
+            if 0 < streak <= STALE_ROUNDS_EXCUSED:
+                excused[sender] = ("its update and what it was judged against were of different epochs: a stale "
+                                   f"update ({streak} round(s) in a row)")
         if len(senders) == 2 and self.peer_id in senders:
             for sender, peer in enumerate(senders):
                 if peer != self.peer_id and sender not in excused and not self.pair_word_counts(peer.to_base58()):
                     excused[sender] = ("in a pair, this peer's own part the reference, and no other evidence against "
                                        "it: a pair's word against the other's")
+        runner.excused_directions = excused
         return excused
 
     def pair_word_counts(self, peer_id: str) -> bool:
