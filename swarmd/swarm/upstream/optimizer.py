@@ -413,10 +413,10 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         listed = exclusion.installed()
         if listed is None:
             return False
-        doubted = [(donor, "excluded" if listed.excludes(donor) else "suspected")
-                   for donor in self.state_averager.donors_of_the_state()
-                   if listed.excludes(donor) or listed.suspected(donor)]
-        fresh = [doubt for doubt in doubted if doubt not in self._donors_doubted]
+        degrees = {donor: "excluded" if listed.excludes(donor) else "suspected" if listed.suspected(donor) else ""
+                   for donor in self.state_averager.donors_of_the_state()}
+        fresh = [(donor, degree) for donor, degree in degrees.items()
+                 if degree and (donor, degree) not in self._donors_doubted]
         if not fresh:
             return False
         self._donors_doubted.update(fresh)
