@@ -462,6 +462,44 @@ def test_a_donor_whose_state_is_not_finite_is_not_taken(dht, tmp_path):
     assert unusable_state(({}, [torch.zeros(2)])) == "" and unusable_state("garbage") == "not (metadata, tensors)"
 
 
+def test_a_state_from_a_peer_found_lying_since_is_taken_again_once(dht, tmp_path, caplog):
+    """A DiLoCo joiner may download a liar's outer state before any evidence is in: once it holds evidence against
+    the donor (here: a suspect), its next step takes the state again, once per donor and degree (the retake's
+    rules: tests/unit/test_swarm_optimizer.py)."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    donor = _peer(dht, tmp_path, "diloco-doubted-donor")
+    joiner = None
+    listed = ExclusionList(tmp_path / "excluded_peers.active")
+    listed.start()
+    try:
+        _train(*donor[:3], range(H))
+        joiner = _peer(other_dht, tmp_path, "diloco-doubted-donor", tracker_opts={"private_key": RSAPrivateKey()})
+        joiner[2].load_state_from_peers()
+        assert joiner[2].state_averager.donors_of_the_state() == [str(dht.peer_id)]
+        downloads = joiner[2].state_loads_total
+        exclusion.install(listed)
+        _train(*joiner[:3], [100])
+        assert joiner[2].state_loads_total == downloads, "taken again with no evidence against its donor"
+        listed.publish([], suspects=[str(dht.peer_id)])
+        with caplog.at_level("WARNING"):
+            _train(*joiner[:3], [101])
+        assert joiner[2].state_loads_total == downloads + 1
+        assert "which it now has evidence against: taking the state again" in caplog.text
+        _train(*joiner[:3], [102, 103])
+        assert joiner[2].state_loads_total == downloads + 1, "taken again for the same reason twice"
+    finally:
+        exclusion.install(None)
+        donor[2].shutdown()
+        if joiner is not None:
+            joiner[2].shutdown()
+        other_dht.shutdown()
+
+
 @pytest.mark.parametrize("start", ["alike", "apart"])
 def test_the_first_outer_step_averages_the_outer_state_only_when_the_members_started_apart(dht, tmp_path, start):
     """Peers of one run start from one initialisation: the first outer step sends a digest of each member's outer

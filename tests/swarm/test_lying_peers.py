@@ -308,9 +308,9 @@ def test_two_honest_daemons_keep_learning_beside_a_daemon_whose_gradients_are_x_
     the median of honest peer a's last five epoch losses once both excluded the liar (a third of the untrained loss
     at most, within 120 s): before the evidence is in, an honest peer that fell behind may take the liar's state
     (seen: a's loss 0.003 -> 0.36 for a few epochs), the way in that exclusion closes only from then on; it takes
-    the state again once it has evidence against that donor (optimizer.py _state_from_a_suspect: kept, b found a
-    "pulling against" its own astray update and excluded it, 2 CI-like failures in 16 runs, docs/FAULTS.md "An honest
-    peer excluded beside a liar")."""
+    the state again once it has evidence against that donor (peer_parts.py StateDownloads.came_from_a_suspect:
+    kept, b found a "pulling against" its own astray update and excluded it, 2 CI-like failures in 16 runs,
+    docs/FAULTS.md "An honest peer excluded beside a liar")."""
 
     def excluded_and_ten_epochs(status, start_epoch) -> bool:
         return bool(status["excluded_peers"]) and status["global_epoch"] >= start_epoch + 10

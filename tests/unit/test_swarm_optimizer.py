@@ -77,31 +77,30 @@ def test_a_state_from_a_peer_with_evidence_against_it_since_is_taken_again_once(
 
     from swarmd.swarm import exclusion
     from swarmd.swarm.exclusion import ExclusionList
-    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
+    from swarmd.swarm.upstream.peer_parts import StateDownloads
 
-    optimizer = object.__new__(SwarmOptimizer)
+    downloads = StateDownloads(attempts=1, timeout=1.0, dht=None)
     donors = ["QmLiar"]
-    optimizer.state_averager = SimpleNamespace(donors_of_the_state=lambda: list(donors))
-    optimizer._donors_doubted = set()
+    state_averager = SimpleNamespace(donors_of_the_state=lambda: list(donors))
     listed = ExclusionList(tmp_path / "excluded_peers.active")
     listed.start()
-    assert not optimizer._state_from_a_suspect()  # no exclusions installed (a standalone optimizer)
+    assert not downloads.came_from_a_suspect(state_averager)  # no exclusions installed (a standalone optimizer)
     exclusion.install(listed)
     try:
-        assert not optimizer._state_from_a_suspect()  # no evidence against the donor
+        assert not downloads.came_from_a_suspect(state_averager)  # no evidence against the donor
         listed.publish([], suspects=["QmLiar", "QmSuspect"])
-        assert optimizer._state_from_a_suspect()
-        assert not optimizer._state_from_a_suspect()  # taken again: not for the same reason twice
+        assert downloads.came_from_a_suspect(state_averager)
+        assert not downloads.came_from_a_suspect(state_averager)  # taken again: not for the same reason twice
         donors[:] = ["QmSuspect"]
-        assert optimizer._state_from_a_suspect()
+        assert downloads.came_from_a_suspect(state_averager)
         donors[:] = ["QmLiar"]  # every donor a suspect: kept
-        assert not optimizer._state_from_a_suspect()
+        assert not downloads.came_from_a_suspect(state_averager)
         donors[:] = ["QmHonest"]
-        assert not optimizer._state_from_a_suspect()
+        assert not downloads.came_from_a_suspect(state_averager)
         donors[:] = ["QmHonest", "QmLiar"]
         listed.publish(["QmLiar"], suspects=["QmSuspect"])  # the suspect excluded: a new reason
-        assert optimizer._state_from_a_suspect()
-        assert not optimizer._state_from_a_suspect()
+        assert downloads.came_from_a_suspect(state_averager)
+        assert not downloads.came_from_a_suspect(state_averager)
     finally:
         exclusion.install(None)
 

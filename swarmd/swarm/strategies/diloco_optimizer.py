@@ -256,6 +256,9 @@ class DiLoCoOptimizer(ReadsItsParts):
             else:
                 self.load_state_from_peers()
             return loss  # these gradients belong to parameters the swarm has moved past
+        if self.downloads.came_from_a_suspect(self.state_averager):
+            self.load_state_from_peers()  # the outer state came from a peer found lying since: from the others
+            return loss
 
         averager = self.state_averager
         send_due = self._sent_round is None and averager.round_steps >= self._send_step

@@ -37,7 +37,7 @@ from typing import Optional
 from hivemind.averaging.control import StepControl
 from hivemind.optim import Optimizer
 
-from swarmd.swarm import averager_keys, exclusion
+from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
 from swarmd.swarm.round_epochs import behind_as_told, epoch_the_others_averaged, gathered_epoch
@@ -133,8 +133,6 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             attempts=load_state_attempts, timeout=kwargs.get("load_state_timeout", 600.0), dht=kwargs["dht"]
         )
         self._downloads_since_global_step = 0
-        # (donor, "suspected" or "excluded"): why a state was taken again already (_state_from_a_suspect)
-        self._donors_doubted: set[tuple[str, str]] = set()
         self.parameter_refreshes_total = 0
         self._refreshes_since_download = 0
         self._rounds_with_others_at_catch_up = 0
@@ -400,29 +398,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             return self._records_agree_soon(told)
         if behind_as_told(told, self.local_epoch, self.tracker.global_epoch):
             return True
-        return super()._should_load_state_from_peers() or self._state_from_a_suspect()
-
-    def _state_from_a_suspect(self) -> bool:
-        """Whether the last download came from a peer that this peer has since found evidence against (a suspect,
-        or excluded: swarm/exclusion.py): then the state is taken again, from the peers without evidence first
-        (state_stream.py donor_order). Once per donor and degree (suspected, then excluded): where every donor is a
-        suspect, downloads would otherwise go from one to the other at each step. Before the evidence is in, a
-        joiner may take a liar's state (an attacker serves its own, or one its attack set astray); kept, its
-        parameters stay apart from the honest peers', whose gradients it then finds "pulling against" its own: in
-        the liar swarm test an honest joiner so excluded its honest partner (tests/swarm/test_lying_peers.py)."""
-        listed = exclusion.installed()
-        if listed is None:
-            return False
-        degrees = {donor: "excluded" if listed.excludes(donor) else "suspected" if listed.suspected(donor) else ""
-                   for donor in self.state_averager.donors_of_the_state()}
-        fresh = [(donor, degree) for donor, degree in degrees.items()
-                 if degree and (donor, degree) not in self._donors_doubted]
-        if not fresh:
-            return False
-        self._donors_doubted.update(fresh)
-        logger.warning("This peer's state came from %s, which it now has evidence against: taking the state again",
-                       ", ".join(f"{donor} ({degree})" for donor, degree in fresh))
-        return True
+        return super()._should_load_state_from_peers() or self.downloads.came_from_a_suspect(self.state_averager)
 
     def _records_agree_soon(self, told: int) -> bool:
         """Once per round that told: fetch the progress records until they agree that the swarm is ahead, for at

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from swarmd.swarm import averager_keys
+from swarmd.swarm import averager_keys, exclusion
 
 __all__ = [
     "CATCHING_UP_WEIGHT", "AveragerSettings", "ReadsItsParts", "StateDownloads", "StateLoadFailed", "StateRefused",
@@ -103,6 +103,30 @@ class StateDownloads:
     def __init__(self, *, attempts: int, timeout: float, dht):
         self.attempts, self.timeout, self.dht = attempts, timeout, dht
         self.total = 0
+        # (donor, "suspected" or "excluded"): why a state was taken again already (came_from_a_suspect)
+        self._donors_doubted: set[tuple[str, str]] = set()
+
+    def came_from_a_suspect(self, state_averager) -> bool:
+        """Whether the last download came from a peer that this peer has since found evidence against (a suspect,
+        or excluded: swarm/exclusion.py): then the state is to be taken again, from the peers without evidence first
+        (state_stream.py donor_order). Once per donor and degree (suspected, then excluded): where every donor is a
+        suspect, downloads would otherwise go from one to the other at each step. Before the evidence is in, a
+        joiner may take a liar's state (an attacker serves its own, or one its attack set astray); kept, its
+        parameters stay apart from the honest peers', whose updates it then finds "pulling against" its own: in
+        the liar swarm test an honest joiner so excluded its honest partner (tests/swarm/test_lying_peers.py)."""
+        listed = exclusion.installed()
+        if listed is None:
+            return False
+        degrees = {donor: "excluded" if listed.excludes(donor) else "suspected" if listed.suspected(donor) else ""
+                   for donor in state_averager.donors_of_the_state()}
+        fresh = [(donor, degree) for donor, degree in degrees.items()
+                 if degree and (donor, degree) not in self._donors_doubted]
+        if not fresh:
+            return False
+        self._donors_doubted.update(fresh)
+        logger.warning("This peer's state came from %s, which it now has evidence against: taking the state again",
+                       ", ".join(f"{donor} ({degree})" for donor, degree in fresh))
+        return True
 
     def count(self) -> None:
         self.total += 1
