@@ -120,3 +120,44 @@ def test_the_donors_of_a_download_are_kept_whole_within_their_buffer():
     DownloadsState.note_donors(averager, many)
     kept = DownloadsState.donors_of_the_state(averager)
     assert kept == many[:len(kept)] and 15 <= len(kept) < 40
+
+
+@pytest.mark.parametrize("doubted", [False, True])
+def test_a_state_taken_again_from_a_doubted_donor_is_the_whole_state(doubted, tmp_path):
+    """Where the last download already ended behind the swarm, the sync optimizer catches up by averaging, or takes
+    the parameters again without the optimizer statistics. Neither when the state is taken again because its donor
+    was found lying since: its optimizer statistics would stay (under sync nothing checks them); the whole state is
+    downloaded."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
+    from swarmd.swarm.upstream.peer_parts import StateDownloads
+
+    calls = []
+    optimizer = object.__new__(SwarmOptimizer)
+    optimizer.scheduled_grads = None
+    optimizer.state_averager = SimpleNamespace(
+        step=lambda **_: None, local_epoch=5, donors_of_the_state=lambda: ["QmLiar"],
+        load_state_from_peers=lambda **_: calls.append("whole state"), download_refusals=SimpleNamespace(value=0),
+    )
+    optimizer.tracker = SimpleNamespace(pause_updates=contextlib.nullcontext, global_epoch=9)
+    optimizer.downloads = StateDownloads(attempts=1, timeout=1.0, dht=None)
+    optimizer.downloads.count = lambda: None
+    optimizer._swarm_epoch_from_round = None
+    optimizer._should_catch_up_by_averaging = lambda: calls.append("catch-up?") or False
+    optimizer._download_parameters_again = lambda behind: calls.append("parameters again") or True
+    optimizer._set_inexact_state = optimizer._start_epoch_afresh = lambda *_: None
+    listed = ExclusionList(tmp_path / "excluded_peers.active")
+    listed.start()
+    listed.publish([], suspects=["QmLiar"] if doubted else [])
+    exclusion.install(listed)
+    try:
+        assert optimizer.downloads.came_from_a_suspect(optimizer.state_averager) is doubted
+        optimizer.load_state_from_peers()
+    finally:
+        exclusion.install(None)
+    assert calls == (["whole state"] if doubted else ["catch-up?", "parameters again"])
+    assert not optimizer.downloads.whole_state_due  # the next one may take the parameters alone again

@@ -428,11 +428,12 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         self.state_averager.step(wait_for_delayed_updates=True)
 
         with self.tracker.pause_updates():
-            if self._should_catch_up_by_averaging():
+            whole = self.downloads.whole_state_due  # a donor found lying since: its optimizer statistics go too
+            if not whole and self._should_catch_up_by_averaging():
                 self._catch_up_by_averaging()
             else:
                 behind_the_round, self._swarm_epoch_from_round = self._swarm_epoch_from_round is not None, None
-                refreshed = self._download_parameters_again(behind_the_round)
+                refreshed = not whole and self._download_parameters_again(behind_the_round)
                 if not refreshed:
                     self.downloads.download(self.state_averager, **kwargs)
                 self.catching_up = False  # the swarm's own state (its weights and sharing: just below)

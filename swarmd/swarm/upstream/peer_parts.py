@@ -105,6 +105,9 @@ class StateDownloads:
         self.total = 0
         # (donor, "suspected" or "excluded"): why a state was taken again already (came_from_a_suspect)
         self._donors_doubted: set[tuple[str, str]] = set()
+        # set by came_from_a_suspect until the next download: the whole state is due, the doubted donor's optimizer
+        # statistics with its parameters (not the parameters alone, nor a catch-up that averages parameters only)
+        self.whole_state_due = False
 
     def came_from_a_suspect(self, state_averager) -> bool:
         """Whether the last download came from a peer that this peer has since found evidence against (a suspect,
@@ -124,6 +127,7 @@ class StateDownloads:
         if not fresh:
             return False
         self._donors_doubted.update(fresh)
+        self.whole_state_due = True
         logger.warning("This peer's state came from %s, which it now has evidence against: taking the state again",
                        ", ".join(f"{donor} ({degree})" for donor, degree in fresh))
         return True
@@ -135,6 +139,7 @@ class StateDownloads:
     def download(self, state_averager, **kwargs) -> None:
         """Raises StateLoadFailed after `attempts` failures, StateRefused when every peer that offers its state
         refused it (retrying would be refused too)."""
+        self.whole_state_due = False
         for attempt in range(1, self.attempts + 1):
             loads, refusals = self.total, state_averager.download_refusals.value
             try:
