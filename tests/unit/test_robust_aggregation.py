@@ -235,6 +235,8 @@ def test_weights_are_capped_at_a_multiple_of_the_median():
     assert capped_weights([1.0, 1e-6], 2.0) == [1.0, 1e-6]  # a peer catching up weighs next to nothing, still
     assert capped_weights([1e-6, 64, 64, 6400], 2.0) == [1e-6, 64, 64, 128]
     assert capped_weights([64, 0, 128], 2.0) == [64, 0, 128]  # a weight of 0 stays 0 and is not the median
+    # most of a state round just downloaded (1e-6 each: take, do not give): the one peer at full weight keeps it
+    assert capped_weights([1.0, 1e-6, 1e-6, 1e-6], 2.0) == [1.0, 1e-6, 1e-6, 1e-6]
     assert capped_weights([64, 6400], 0.0) == [64, 6400]  # off
 
 
@@ -280,6 +282,9 @@ def test_a_sender_claiming_far_more_samples_than_the_others_is_named_by_its_weig
     assert asyncio.run(reduce([64.0, 64.0, 64.0, 512.0])).overweight_senders(16.0) == []  # a fast honest peer
     assert asyncio.run(reduce([64.0, 6400.0])).overweight_senders(16.0) == []  # a pair
     assert asyncio.run(reduce([1e-6, 64.0, 64.0, 6400.0])).overweight_senders(16.0) == [3]  # one catching up
+    # three of four just downloaded (1e-6 each): the peer at full weight is no liar (seen: an honest peer excluded so)
+    assert asyncio.run(reduce([1.0, 1e-6, 1e-6, 1e-6])).overweight_senders(16.0) == []
+    assert asyncio.run(reduce([6400.0, 64.0, 64.0, 1e-6, 1e-6])).overweight_senders(16.0) == [0]  # the liar still
 
 
 def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():

@@ -124,6 +124,13 @@ EVIDENCE_WEIGHT_SPREAD = 1.5
 # round with its older parameters, and 0 in a DiLoCo outer round with nothing computed): judged by distance alone
 # they would count as "clipped". (Not the cause of the honest DiLoCo exclusions in docs/FAULTS.md: those remain.)
 NEGLIGIBLE_WEIGHT_SHARE = 1e-3
+# A weight at or below this is the sender's own word that it takes and does not give (a peer catching up, or just
+# refreshed, weighs peer_parts.CATCHING_UP_WEIGHT, 1e-6): it sets no median of the weights. Honest weights are samples
+# (>= 1) or, for parameters, hivemind's 1. Counted, peers just downloaded can be most of a round: with three of four
+# at 1e-6 the upper median was theirs, so the one peer at full weight was capped to max_weight_ratio x 1e-6 (its
+# state no heavier than their older ones, the opposite of what their weight asks) and named overweight: an honest
+# peer excluded in a clean local-updates cell of the attack benchmark (2026-12-07, fifth session).
+COUNTED_WEIGHT_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,8 @@ def capped_weights(weights: Sequence[float], ratio: float) -> list[float]:
     every honest sender look like the outlier. The cap also bounds an honest peer much faster than the others (a GPU
     beside CPUs) to `ratio` x the median: raise it in such a swarm. The upper median, because weights far below the
     others' are honest too (a peer catching up weighs 1e-6 in a state round, swarm/upstream/optimizer.py) and must not set the
-    cap; so a pair is never capped (neither of two can be told the liar, as in swarm/claims.py)."""
+    cap; so a pair is never capped (neither of two can be told the liar, as in swarm/claims.py); such weights (at or
+    below COUNTED_WEIGHT_FLOOR) are not counted at all, however many senders declare them."""
     median = _upper_median_weight(weights)
     if ratio <= 0 or median is None:
         return [float(w) for w in weights]
@@ -172,9 +180,9 @@ def capped_weights(weights: Sequence[float], ratio: float) -> list[float]:
 
 
 def _upper_median_weight(weights: Sequence[float], least: int = 1) -> Optional[float]:
-    """The upper median of the positive weights (see capped_weights for why the upper one); None with fewer than
-    `least` of them."""
-    positive = sorted(float(w) for w in weights if w > 0)
+    """The upper median of the weights above COUNTED_WEIGHT_FLOOR (see capped_weights for why the upper one); None
+    with fewer than `least` of them."""
+    positive = sorted(float(w) for w in weights if w > COUNTED_WEIGHT_FLOOR)
     return positive[len(positive) // 2] if positive and len(positive) >= least else None
 
 
