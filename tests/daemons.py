@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,11 @@ from swarmd.swarm.children import SHM_MANAGER, descendant_pids, process_name
 
 REPO = Path(__file__).resolve().parents[1]
 JOIN_LINE = re.compile(r"To join: (swarmd join .*)$", re.M)
+# util-linux's setpriv: the daemon gets SIGTERM when the process that started it dies (a test run or benchmark killed:
+# SIGTERM, SIGKILL, a CI timeout), and stops as on `systemctl stop`, its p2pd with it, instead of training on as an
+# orphan (seen: an attack benchmark stopped with SIGTERM left its four daemons running). Kept across taskset's and
+# `ip netns exec`'s exec; where setpriv is missing, close() alone stops them.
+DIE_WITH_STARTER = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
 
 
 def peer_config(**sections) -> dict:
@@ -74,7 +80,8 @@ class DaemonProcess:
         self._log = open(self.log_path, "ab")
         self.started_at = time.time()  # leftover_shared_memory: files older than this are another process's
         self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO, start_new_session=True
+            [*DIE_WITH_STARTER, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+            start_new_session=True,
         )
         return self
 

@@ -153,3 +153,51 @@ def test_a_killed_process_tree_leaves_no_shared_memory_once_the_peer_starts_agai
     assert files_of_the_killed() == []
     assert "shared-memory file(s)" in again.log and "left in /dev/shm by this peer's previous processes" in again.log
     assert again.terminate() == 0
+
+
+def test_a_daemon_whose_starter_is_killed_stops_with_its_processes(test_tasks_env, tmp_path):
+    """A test run or benchmark killed outright (SIGKILL, a CI timeout) cannot close its daemons: they are sent SIGTERM
+    when their starter dies (tests/daemons.py DIE_WITH_STARTER) and stop, p2pd and all, instead of training on as
+    orphans (seen: an attack benchmark stopped with SIGTERM left four daemons running)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from daemons import DIE_WITH_STARTER, _alive, wait_for
+
+    if not DIE_WITH_STARTER:
+        import pytest
+
+        pytest.skip("util-linux's setpriv is missing: the daemons are stopped by close() alone")
+    tests = Path(__file__).resolve().parents[1]
+    starter_code = (
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        "from daemons import DaemonProcess, peer_config\n"
+        f"config = json.loads({json.dumps(json.dumps(faulty()))})\n"
+        f"env = json.loads({json.dumps(json.dumps(test_tasks_env))})\n"
+        f"peer = DaemonProcess({str(tmp_path / 'orphan')!r}, config, env=env, name='orphan').start()\n"
+        "peer.wait_status(lambda s: s['state'] == 'training', 120, 'training')\n"
+        "print(json.dumps([peer.proc.pid, *peer.descendants()]), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    starter = subprocess.Popen([sys.executable, "-c", starter_code], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    pids = []
+    try:
+        pids = json.loads(starter.stdout.readline() or "[]")
+        assert len(pids) >= 3, "the starter's daemon never trained (its log: orphan.log)"  # daemon, DHT, p2pd...
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(10)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), "the orphaned daemon and its processes to stop", 60)
+        log = (tmp_path / "orphan.log").read_text()
+        assert "Received SIGTERM: stopping gracefully" in log and "Stopped (exit code 0)" in log, log[-3000:]
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
