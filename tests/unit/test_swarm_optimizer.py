@@ -145,7 +145,6 @@ def test_a_state_taken_again_from_a_doubted_donor_is_the_whole_state(doubted, tm
     )
     optimizer.tracker = SimpleNamespace(pause_updates=contextlib.nullcontext, global_epoch=9)
     optimizer.downloads = StateDownloads(attempts=1, timeout=1.0, dht=None)
-    optimizer.downloads.count = lambda: None
     optimizer._swarm_epoch_from_round = None
     optimizer._should_catch_up_by_averaging = lambda: calls.append("catch-up?") or False
     optimizer._download_parameters_again = lambda behind: calls.append("parameters again") or True
