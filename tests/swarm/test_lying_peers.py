@@ -228,6 +228,75 @@ def test_without_judging_direction_the_sign_flipper_is_no_outlier(dhts, tmp_path
         assert not any(flag for _, flag in senders), senders
 
 
+def _parameter_rounds_with_an_uphill_stepper(dhts, prefix: str, judged_step_tensors: int, tmp_path) -> list:
+    """Two state rounds of parameters: two honest swarmd averagers and a plain hivemind peer (client mode) that start
+    from the same parameters (the first round: the origins), then step, the honest ones downhill (a noisy step of the
+    signal), the third uphill at honest scale; what the honest reducers reported of the second round
+    (swarm/exclusion.py's evidence)."""
+    from hivemind.averaging import DecentralizedAverager
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+    from swarmd.swarm.upstream.outer_round import OuterAverager
+
+    class JudgedAsParameters(OuterAverager):  # as the state averager judges
+        judges_whole_share, judges_direction = True, False
+
+    JudgedAsParameters.judged_step_tensors = judged_step_tensors
+    generator = torch.Generator().manual_seed(2)
+    start, signal = 20 * torch.randn(SIZE, generator=generator), torch.randn(SIZE, generator=generator)
+    steps = [signal + torch.randn(SIZE, generator=generator) for _ in range(2)]
+    steps.append(-(signal + torch.randn(SIZE, generator=generator)))
+    settings = dict(prefix=prefix, target_group_size=3, min_group_size=3, min_matchmaking_time=2.0,
+                    request_timeout=1.0, start=True, part_size_bytes=16_000)
+    listed = ExclusionList(tmp_path / f"{prefix}.active")
+    listed.start()
+    exclusion.install(listed)
+    averagers = []
+    try:
+        for dht in dhts[:2]:
+            averagers.append(JudgedAsParameters(averaged_tensors=[start.clone()], dht=dht, aggregation=Aggregation(),
+                                                **settings))
+        averagers.append(DecentralizedAverager([start.clone()], dhts[2], client_mode=True, **settings))
+        reports = []
+        for round_ in range(2):
+            if round_:
+                for averager, step in zip(averagers, steps):
+                    with averager.get_tensors() as tensors:
+                        tensors[0].add_(step)
+            controls = [averager.step(wait=False, timeout=30) for averager in averagers]
+            assert [len(control.result(40)) for control in controls] == [3, 3, 3]
+            reports = []
+            for _ in range(200):  # each honest reducer reports once its round ended
+                reports += listed.drain()
+                if len(reports) >= 2:
+                    break
+                time.sleep(0.1)
+            assert len(reports) >= 2, reports
+        return [senders for _, _, senders in reports]
+    finally:
+        exclusion.install(None)
+        for averager in averagers:
+            averager.shutdown()
+
+
+def test_a_peer_stepping_its_parameters_uphill_at_honest_scale_is_reported_for_pulling_against(dhts, tmp_path):
+    """Parameters all point alike, but each sender's step since the last state round does not: the uphill stepper's
+    points away from the round's step over each honest reducer's share (robust_aggregation.py
+    AggregatesRobustly.judged_step_tensors), and each reports it, and the other honest peer as none."""
+    liar = dhts[2].peer_id.to_base58()
+    for senders in _parameter_rounds_with_an_uphill_stepper(dhts, "uphill", 1, tmp_path):
+        flags = dict(senders)
+        assert flags[liar] is True and list(flags.values()).count(True) == 1, senders
+
+
+def test_parameters_judged_as_sent_find_no_uphill_stepper(dhts, tmp_path):
+    """The same rounds with no step judged: by distance the uphill step is within the honest spread, so no evidence
+    (what the test above adds, and proof that it fails without it)."""
+    for senders in _parameter_rounds_with_an_uphill_stepper(dhts, "uphill-unjudged", 0, tmp_path):
+        assert not any(flag for _, flag in senders), senders
+
+
 LIAR_TEST_LR = 0.01
 LIAR_TEST_BATCH = 64  # honest gradients of 64-sample steps agree closely: a small clip radius next to the liar's
 

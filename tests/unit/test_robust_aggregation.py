@@ -411,3 +411,59 @@ def test_the_evidence_says_which_senders_were_behind_the_rounds_epoch():
     broken = types.SimpleNamespace(peer_ids=peers, gathered=[b"\xc1"] * 4)
     assert AggregatesRobustly._gathered_epochs(reader, broken) == {}
     assert _behind_the_round(peers, {}) == {}
+
+
+def _reduced_from(parts, origins, aggregation=Aggregation()):
+    """`_reduced` with each part's origin (`CenteredClipReducer.origins`): the values after this peer's last round."""
+    from swarmd.swarm.upstream.robust_aggregation import _Sent
+
+    async def run():
+        reducer = CenteredClipReducer([parts[0].shape], len(parts), aggregation, origins=origins)
+        reducer.aggregate([_Sent(i, part) for i, part in enumerate(parts)], [1.0] * len(parts))
+        return reducer
+
+    return asyncio.run(run())
+
+
+def test_parameters_are_judged_by_their_step_since_the_last_round():
+    """Parameters of one lineage (all near the last round's result, far larger than a step) all point alike: judged as
+    sent, a sender that stepped uphill at honest scale is found by nothing. Judged by each step since the last
+    round's result (the origin), it points away from the result's step, where each honest step points towards it; a
+    part without an origin (optimizer statistics) is not judged at all."""
+    signal, honest = _honest(3, noise=1.5)
+    uphill = -(signal + 1.5 * torch.randn(D, generator=torch.Generator().manual_seed(7)))
+    origin = 20 * torch.randn(D, generator=torch.Generator().manual_seed(11))
+    parameters = [origin + step for step in (*honest, uphill)]
+    as_sent = _reduced(parameters)
+    assert as_sent.opposed_senders() == [] and as_sent.clipped_senders() == [] and as_sent.far_senders() == []
+    stepped = _reduced_from(parameters, [origin])
+    assert stepped.opposed_senders() == [3]
+    cosines = [stepped.cosine_with_result(sender) for sender in range(4)]
+    assert min(cosines[:3]) > 0.5 and cosines[3] < -0.1, cosines
+    assert _reduced_from(parameters, [None]).values_judged_by_sender == [0, 0, 0, 0]
+    assert _reduced_from(parameters, [origin], Aggregation(judge_direction=False)).opposed_senders() == []
+
+
+def test_each_part_of_the_share_finds_its_own_values_of_the_origins():
+    """upstream's TensorPartContainer splits each averaged tensor into parts and deals them out to the group's
+    reducers; `origin_parts` finds, for each part this peer reduces, the same values of the origins (the leading
+    tensors: parameters), and None in the tensors past them (optimizer statistics)."""
+    from hivemind.averaging.partition import TensorPartContainer
+
+    from swarmd.swarm.upstream.robust_aggregation import origin_parts
+
+    tensors = [torch.arange(float(n)).reshape(-1, 10) + 1000 * index for index, n in enumerate((300, 120, 250))]
+    origins = [-tensor for tensor in tensors[:2]]  # any values of the parameters' shapes
+    container = TensorPartContainer(tensors, (1.0, 1.0, 1.0), part_size_bytes=400)  # parts of 100 values
+    seen = 0
+    for peer in range(3):
+        parts = container.get_raw_input_parts(peer)
+        found = origin_parts(origins, tensors, parts)
+        assert len(found) == len(parts) and parts
+        for part, origin in zip(parts, found):
+            in_statistics = part.min() >= 2000
+            assert (origin is None) == bool(in_statistics)
+            if origin is not None:
+                assert torch.equal(origin, -part)
+                seen += part.numel()
+    assert seen == 420  # every value of the two leading tensors, once

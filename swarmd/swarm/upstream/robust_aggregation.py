@@ -97,7 +97,9 @@ RETURN_RATIO = 100.0
 # the other's part is judged against this peer's own instead (two honest updates are at cosine |mean|^2 / (|mean|^2
 # + |noise|^2) > 0), so that a flipper that other honest peers excluded, and that meets this one in pairs, is found
 # there too: where this peer holds other evidence against it (a pair's word alone is no evidence, and a stale update
-# none: `AggregatesRobustly.excused_directions`). Parameters are not judged so: they all point alike.
+# none: `AggregatesRobustly.excused_directions`). Parameters all point alike: what is judged there is each sender's
+# step since this peer's last state round (its parameters minus that round's result, `CenteredClipReducer.origins`),
+# against the result's step (see AggregatesRobustly.judged_step_tensors).
 OPPOSED_COSINE = 0.0
 # ...by a margin the judged values' number makes significant: below OPPOSED_COSINE - OPPOSED_SIGMAS / sqrt(values).
 # Two directions that have nothing to do with each other in d values are at a cosine of about N(0, 1/d); an honest
@@ -329,9 +331,14 @@ class CenteredClipReducer(TensorPartReducer):
     which it was an outlier (`clipped_by_sender`) and their values (`outlier_values`, of `values_sent`): the
     evidence a later exclusion can use."""
 
-    def __init__(self, part_shapes, num_senders: int, aggregation: Aggregation, own_sender: Optional[int] = None):
+    def __init__(self, part_shapes, num_senders: int, aggregation: Aggregation, own_sender: Optional[int] = None,
+                 origins: Optional[Sequence[Optional[torch.Tensor]]] = None):
         self.aggregation = aggregation  # before upstream's __init__: it resets the accumulators
         self.own_sender = own_sender  # this peer's index among the senders (None: it sends nothing, a client's)
+        # per part, where the direction is judged of steps (parameters): the values the part had after this peer's
+        # last round, subtracted from every sender's part and from the result before their cosine is taken (None:
+        # that part is not judged); None: what is sent is itself an update (gradients, pseudo-gradients)
+        self.origins = origins
         self.clipped_by_sender = [0] * num_senders
         self.outlier_values = [0] * num_senders
         self.values_sent = [0] * num_senders
@@ -450,9 +457,11 @@ class CenteredClipReducer(TensorPartReducer):
         # which way each sender points: next to the result (three senders or more), or in a pair with this peer next
         # to this peer's own part (the result is their mean: the other's half of it would count for it); flattened and
         # its norm taken once per part
-        reference = None
-        if self.aggregation.judge_direction:
+        reference, origin = None, self._origin_of_part()
+        if self.aggregation.judge_direction and (self.origins is None or origin is not None):
             reference = result.reshape(-1).float() if spread is not None else own if len(sent) == 2 else None
+            if reference is not None and origin is not None:
+                reference = reference - origin  # the result's step since the last round (or this peer's own)
         squared_reference = float(reference @ reference) if reference is not None else 0.0
         for index, one in enumerate(sent):
             self.values_sent[one.sender] += shape.numel()
@@ -463,6 +472,8 @@ class CenteredClipReducer(TensorPartReducer):
                 self.squared_distance_by_sender[one.sender] += spread.distances[index] ** 2
             if reference is not None and finite[index] and one.sender != self.own_sender:
                 values = parts[index].reshape(-1).float()
+                if origin is not None:
+                    values = values - origin
                 self.dot_with_result_by_sender[one.sender] += float(values @ reference)
                 self.squared_norm_by_sender[one.sender] += float(values @ values)
                 self.squared_result_by_sender[one.sender] += squared_reference
@@ -472,6 +483,14 @@ class CenteredClipReducer(TensorPartReducer):
                 self.outlier_values[one.sender] += shape.numel()
         if spread is not None:
             self.squared_radii += spread.radius**2
+
+    def _origin_of_part(self) -> Optional[torch.Tensor]:
+        """The current part's origin (see `origins`), where it has one of the part's size."""
+        if self.origins is None or self.current_part_index >= len(self.origins):
+            return None
+        origin = self.origins[self.current_part_index]
+        return origin if origin is not None and origin.numel() == self.part_shapes[self.current_part_index].numel() \
+            else None
 
     def _own_part(self, sent: list[_Sent]) -> Optional[torch.Tensor]:
         """This peer's own part among `sent` (flat, float32), or None where it sent none."""
@@ -545,20 +564,43 @@ def implausible_return(sent: torch.Tensor, delta: torch.Tensor, floor: float) ->
     return ""
 
 
+def origin_parts(origins: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor],
+                 parts: Sequence[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """For each of this peer's `parts` of its share (views into the averaged `tensors`, as upstream's
+    TensorPartContainer splits them), the same values of `origins` (flat, float32; aligned with the first tensors),
+    or None where the part lies in a tensor past them (optimizer statistics: not judged for direction)."""
+    spans = [(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size(), tensor)
+             for tensor in tensors[:len(origins)] if tensor.numel()]
+    found: list[Optional[torch.Tensor]] = []
+    for part in parts:
+        start = part.data_ptr()
+        into = [(index, begin, tensor) for index, (begin, end, tensor) in enumerate(spans) if begin <= start < end]
+        if not into or part.numel() == 0:
+            found.append(None)
+            continue
+        index, begin, tensor = into[0]
+        offset = (start - begin) // tensor.element_size()
+        origin = origins[index].reshape(-1)
+        found.append(origin[offset:offset + part.numel()].float() if origin.numel() == tensor.numel() else None)
+    return found
+
+
 class RobustAllReduceRunner(CountsRoundBytes):
     """Upstream's all-reduce with a CenteredClipReducer for this peer's share, and every average another reducer
     returns checked before it is used (`implausible_return`): `refused_reducers` holds the senders' indices in
     `ordered_peer_ids` of the reducers whose averages this peer refused in this round. Its bytes are counted
     (round_traffic.py)."""
 
-    def __init__(self, *args, aggregation: Aggregation, **kwargs):
+    def __init__(self, *args, aggregation: Aggregation, origins: Optional[Sequence[torch.Tensor]] = None, **kwargs):
         super().__init__(*args, **kwargs)
         plain = self.tensor_part_reducer
         # built by upstream's __init__ (allreduce.py l.127) before anything could reach it; marked finished so that
         # its __del__ does not log "received 0.0% of input tensors"
         plain.finished.set()
         own = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None
-        self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation, own)
+        if origins is not None:
+            origins = origin_parts(origins, self.tensor_part_container.local_tensors, self.parts_for_local_averaging)
+        self.tensor_part_reducer = CenteredClipReducer(plain.part_shapes, plain.num_senders, aggregation, own, origins)
         self.refused_reducers: dict[int, str] = {}  # reducer's index -> why its first refused part was refused
         self._check_returned_parts()
 
@@ -591,6 +633,14 @@ class AggregatesRobustly(DecentralizedAverager):
     # True where the averaged tensors are updates (gradients, DiLoCo's pseudo-gradients), whose senders agree on a
     # direction: one that points away from the result is an outlier (CenteredClipReducer.opposed_senders)
     judges_direction = False
+    # How many of the averaged tensors, from the first, hold values every member of a round leaves at its result
+    # (parameters: swarm/upstream/state_averager.py): there each sender's step since this peer's last round (what it
+    # sent minus this peer's values right after that round, the "origin") is judged for direction, as DiLoCo's outer
+    # rounds judge pseudo-gradients. Under local updates a liar that steps uphill behind a clipped optimizer moves its
+    # parameters at honest scale, within the clip radius, and its distance alone never set it apart (the attack
+    # benchmark's local-updates x -1e6 cell: not excluded in 2 of 5 runs, 2026-12-07). The origins are a copy of those
+    # tensors in the averager's process, taken after each round it averaged in.
+    judged_step_tensors = 0
 
     def __init__(self, *args, aggregation: Optional[Aggregation] = None, **kwargs):
         # set before upstream's __init__, which starts the averager's process (fork copies it)
@@ -598,6 +648,7 @@ class AggregatesRobustly(DecentralizedAverager):
         # senders clipped as outliers, one per sender and round of this peer's share; counted in the averager's
         # process, read by the host's (status, /metrics)
         self.outliers_clipped = mp.Value("q", 0)
+        self._origins: Optional[list[torch.Tensor]] = None  # see judged_step_tensors; in the averager's process
         super().__init__(*args, **kwargs)
 
     async def _run_allreduce_inplace_(self, tensors, group_info, group_id: Optional[bytes] = None, **kwargs):
@@ -610,6 +661,8 @@ class AggregatesRobustly(DecentralizedAverager):
             # the reducer sums which way each sender points only where this averager judges it
             aggregation = replace(self.aggregation, judge_direction=self._judges_direction_now)
             runner_type, robust = self.runner_type, {"aggregation": aggregation}
+            if self._judges_direction_now and self._origins is not None:
+                robust["origins"] = self._origins
         runner = runner_type(
             p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors, group_id=group_id,
             ordered_peer_ids=group_info.peer_ids, **robust, **kwargs,
@@ -625,6 +678,22 @@ class AggregatesRobustly(DecentralizedAverager):
                 raise ValueError("aux peers should not receive averaged tensors")
         if robust:
             self._count_outliers(runner, self._gathered_epochs(group_info))
+            self._remember_origins(tensors)
+
+    def _remember_origins(self, tensors) -> None:
+        """This peer's values of the `judged_step_tensors` right after a round: what the next round's steps are
+        measured from. A partial round leaves this peer's own values where the average did not come (the steps there
+        are then measured from them); a download since is not seen here (every step then includes its jump, alike
+        for all senders: nothing is found until the next round)."""
+        count = min(self.judged_step_tensors, len(tensors))
+        if not count or not (self.aggregation.method != "mean" and self.aggregation.judge_direction):
+            return
+        kept = self._origins
+        if kept is None or [origin.shape for origin in kept] != [tensor.shape for tensor in tensors[:count]]:
+            self._origins = [tensor.detach().float().clone() for tensor in tensors[:count]]
+            return
+        for origin, tensor in zip(kept, tensors):
+            origin.copy_(tensor.detach())
 
     def _gathered_epochs(self, group_info) -> dict:
         """What each member sent with the round, its epoch (upstream's gathered triples of bandwidth, mode and user
@@ -686,7 +755,9 @@ class AggregatesRobustly(DecentralizedAverager):
 
     @property
     def _judges_direction_now(self) -> bool:
-        return self.judges_direction and self.aggregation.judge_direction
+        # parameters are judged from their second round with this peer on (the first sets the origins)
+        steps = self.judged_step_tensors and self._origins is not None
+        return bool(self.judges_direction or steps) and self.aggregation.judge_direction
 
     def _count_outliers(self, runner: RobustAllReduceRunner, epochs: Optional[dict] = None) -> None:
         """Logs what this round's share says against each sender; `epochs`: each member's as it sent it with the
@@ -708,9 +779,12 @@ class AggregatesRobustly(DecentralizedAverager):
         with self.outliers_clipped.get_lock():
             self.outliers_clipped.value += len(set(clipped) | set(opposed))
         for sender in opposed:
-            logger.info("Robust aggregation found %s pulling against the round: what it sent for this peer's share "
-                        "points away from the result (cosine %.2f over %d values, below %.2f)%s",
-                        runner.sender_peer_ids[sender], reducer.cosine_with_result(sender),
+            logger.info("Robust aggregation found %s pulling against the round: %s for this peer's share points "
+                        "away from the result (cosine %.2f over %d values, below %.2f)%s",
+                        runner.sender_peer_ids[sender],
+                        "its step since this peer's last round" if getattr(reducer, "origins", None) is not None
+                        else "what it sent",
+                        reducer.cosine_with_result(sender),
                         reducer.values_judged_by_sender[sender], reducer.opposed_bound(sender), behind.get(sender, ""))
         far = set(reducer.far_senders()) if self.judges_whole_share else set(clipped)
         for sender in clipped:

@@ -67,6 +67,13 @@ class RecordsRounds(AdmitsAllowedPeers):
     # at a third of the weight. A round that gives up is recorded as failed, and the peer trains on.
     group_search_limit: Optional[float] = None
 
+    @property
+    def judged_step_tensors(self) -> int:
+        # the parameters lead upstream's averaged tensors (TrainingStateAverager._init_averaged_tensors), optimizer
+        # statistics and extras follow: each sender's parameters' step since this peer's last state round is judged
+        # for direction (swarm/upstream/robust_aggregation.py); the statistics' changes point no common way
+        return len(getattr(self, "_averaged_parameters", ()))
+
     def step(self, *args, **kwargs):
         if self.group_search_limit is not None and kwargs.get("timeout") is not None:
             kwargs["timeout"] = bounded_search(kwargs["timeout"], kwargs.get("scheduled_time"), self.group_search_limit)
