@@ -29,6 +29,12 @@ __all__ = [
 T = TypeVar("T")
 
 
+def raise_exit(signum, _frame):
+    """A signal handler: SIGTERM (and the like) unwinds as SystemExit, so a benchmark's finally clauses stop its
+    peers and tear its lab down as on Ctrl-C (Python's default SIGTERM ends the process without running them)."""
+    raise SystemExit(128 + signum)
+
+
 def interleave(variants: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
     """Run A, B, ..., A, B, ... so that drifts in machine load hit every variant alike."""
     results: dict[str, list[T]] = {name: [] for name in variants}

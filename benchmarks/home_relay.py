@@ -21,6 +21,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routerlab  # noqa: E402
-from common import machine, print_table  # noqa: E402
+from common import machine, print_table, raise_exit  # noqa: E402
 
 PORT = 40100
 # hivemind's vendored multiaddr writes /p2p/<id> as a CID (0x01 0x72 + multihash); p2pd reads a bare multihash and
@@ -145,6 +146,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds to wait for the dial (default 400)")
     parser.add_argument("--work-dir", default="/tmp/swarmd-home-relay", help="the nodes' logs and files")
     options = parser.parse_args()
+    signal.signal(signal.SIGTERM, raise_exit)  # a kill stops the nodes and tears the lab down like Ctrl-C
     missing = routerlab.missing_tools()
     if missing:
         sys.exit(f"home_relay.py needs {', '.join(missing)} (run as root; apt-get install iproute2 nftables)")

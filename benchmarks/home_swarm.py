@@ -33,7 +33,9 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routerlab  # noqa: E402
-from common import DaemonProcess, install_testtasks, machine, p2pd_bytes, peer_config, print_table  # noqa: E402
+from common import (  # noqa: E402
+    DaemonProcess, install_testtasks, machine, p2pd_bytes, peer_config, print_table, raise_exit,
+)
 from netlab import in_namespace  # noqa: E402
 
 INPUTS, HIDDEN = 64, 65536  # 64*65536 + 65536 + 65536 + 1 = 4.33M parameters
@@ -150,10 +152,6 @@ def table(results: dict[str, list[dict]]) -> list[list[str]]:
     return rows
 
 
-def _raise_exit(signum, _frame):
-    raise SystemExit(128 + signum)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=100.0, help="Mbit/s of every internet-side link, both ways")
@@ -166,7 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-logs", metavar="DIR", help="copy every peer's log there, by layout")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_exit)  # a kill stops the peers and tears the lab down like Ctrl-C
+    signal.signal(signal.SIGTERM, raise_exit)  # a kill stops the peers and tears the lab down like Ctrl-C
     missing = routerlab.missing_tools()
     if missing:
         parser.error(f"the router lab needs {', '.join(missing)} (run as root; apt-get install iproute2 nftables)")

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     DILOCO_CHILDREN, HIVEMIND_PROFILES, SYNC_CHILDREN, DaemonProcess, HivemindPeer, child_roles, cpu_seconds,
-    interleave, machine, p2pd_bytes, peer_config, print_table,
+    interleave, machine, p2pd_bytes, peer_config, print_table, raise_exit,
 )
 from netlab import Lab, cleanup_leftovers, in_namespace, is_root, leftovers  # noqa: E402
 
@@ -502,10 +502,6 @@ def print_report(results: dict[str, list[dict]], args, *, with_diloco: bool, com
 # --- main ----------------------------------------------------------------------------------------------------
 
 
-def _raise_exit(signum, _frame):
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     with_diloco = diloco_available()
     args = parse_args(argv, with_diloco=with_diloco)
@@ -515,7 +511,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     removed = cleanup_leftovers()
     if removed:
         print(f"removed leftovers of an earlier run: {', '.join(removed)}")
-    previous = {sig: signal.signal(sig, _raise_exit) for sig in _SIGNALS}
+    previous = {sig: signal.signal(sig, raise_exit) for sig in _SIGNALS}
     lab = Lab(PEERS, args.rates[0])
     runner = None
     try:

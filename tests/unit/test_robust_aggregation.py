@@ -289,8 +289,8 @@ def test_a_sender_claiming_far_more_samples_than_the_others_is_named_by_its_weig
 
 def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():
     """A peer catching up sends its older parameters at 1e-6 (a state round) or a pseudo-gradient at weight 0 (a
-    DiLoCo outer round): far from the others by design, it cannot move the result, and is not counted as clipped;
-    the same part at a full weight is."""
+    DiLoCo outer round): far from the others by design, it cannot move the result, and is not counted as clipped,
+    nor as sent (the round judged nothing of it); the same part at a full weight is clipped."""
     from swarmd.swarm.upstream.robust_aggregation import _Sent
 
     signal, honest = _honest(3, noise=0.1)
@@ -300,11 +300,12 @@ def test_a_sender_weighing_next_to_nothing_is_no_evidence_against_it():
     async def clipped_with(weight):  # upstream's reducer makes asyncio objects: built inside a loop
         reducer = CenteredClipReducer([signal.shape], 4, Aggregation())
         result = reducer.aggregate(sent, [64.0, 64.0, 64.0, weight])
-        return result, reducer.clipped_by_sender
+        return result, reducer.clipped_by_sender, reducer.values_sent
 
     for negligible in (0.0, 1e-6):
-        result, clipped = asyncio.run(clipped_with(negligible))
+        result, clipped, values_sent = asyncio.run(clipped_with(negligible))
         assert clipped == [0, 0, 0, 0] and _relative_error(result, torch.stack(honest).mean(0), signal) < 0.05
+        assert values_sent == [D, D, D, 0]  # nor a round it passed: the exclusion window does not count it
     assert asyncio.run(clipped_with(64.0))[1] == [0, 0, 0, 1]
 
 

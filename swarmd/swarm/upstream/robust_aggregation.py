@@ -341,6 +341,11 @@ class CenteredClipReducer(TensorPartReducer):
         self.origins = origins
         self.clipped_by_sender = [0] * num_senders
         self.outlier_values = [0] * num_senders
+        # values each sender sent at a weight that can move the result (not NEGLIGIBLE_WEIGHT_SHARE): a sender with
+        # none is not judged this round at all, and the exclusion window does not count it as a round it passed. A
+        # peer just downloaded weighs 1e-6 in its next state round; counted, such rounds were half an attacker's
+        # rounds in the attack benchmark's local-updates cells, and diluted the evidence of the others under the
+        # exclusion's share (swarm/exclusion.py)
         self.values_sent = [0] * num_senders
         # parts that were blatant: non-finite, or further than PAIR_OUTLIER_RATIO x this peer's own part from it
         self.blatant_by_sender = [0] * num_senders
@@ -464,9 +469,9 @@ class CenteredClipReducer(TensorPartReducer):
                 reference = reference - origin  # the result's step since the last round (or this peer's own)
         squared_reference = float(reference @ reference) if reference is not None else 0.0
         for index, one in enumerate(sent):
+            if negligible[index]:  # it cannot move the result: nothing against it (NEGLIGIBLE_WEIGHT_SHARE), and
+                continue  # no round it passed either (not counted as sent: see values_sent)
             self.values_sent[one.sender] += shape.numel()
-            if negligible[index]:  # it cannot move the result: nothing against it (NEGLIGIBLE_WEIGHT_SHARE)
-                continue
             self.blatant_by_sender[one.sender] += far[index] or not finite[index]
             if spread is not None:
                 self.squared_distance_by_sender[one.sender] += spread.distances[index] ** 2
