@@ -29,6 +29,7 @@ aggregates in `div_`, the two calls upstream's reducer makes on it.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import multiprocessing as mp
@@ -574,18 +575,18 @@ def origin_parts(origins: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor
     """For each of this peer's `parts` of its share (views into the averaged `tensors`, as upstream's
     TensorPartContainer splits them), the same values of `origins` (flat, float32; aligned with the first tensors),
     or None where the part lies in a tensor past them (optimizer statistics: not judged for direction)."""
-    spans = [(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size(), tensor)
-             for tensor in tensors[:len(origins)] if tensor.numel()]
+    # each tensor's memory span, sorted by where it begins (a model has hundreds of tensors, a share hundreds of parts)
+    spans = sorted((tensor.data_ptr(), index) for index, tensor in enumerate(tensors[:len(origins)]) if tensor.numel())
+    begins = [begin for begin, _ in spans]
     found: list[Optional[torch.Tensor]] = []
     for part in parts:
-        start = part.data_ptr()
-        into = [(index, begin, tensor) for index, (begin, end, tensor) in enumerate(spans) if begin <= start < end]
-        if not into or part.numel() == 0:
+        start, at = part.data_ptr(), bisect.bisect_right(begins, part.data_ptr()) - 1
+        index = spans[at][1] if at >= 0 and part.numel() else None
+        tensor = tensors[index] if index is not None else None
+        if tensor is None or start >= begins[at] + tensor.numel() * tensor.element_size():
             found.append(None)
             continue
-        index, begin, tensor = into[0]
-        offset = (start - begin) // tensor.element_size()
-        origin = origins[index].reshape(-1)
+        offset, origin = (start - begins[at]) // tensor.element_size(), origins[index].reshape(-1)
         found.append(origin[offset:offset + part.numel()].float() if origin.numel() == tensor.numel() else None)
     return found
 
