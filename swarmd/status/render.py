@@ -127,6 +127,7 @@ def excluded_line(entry: dict[str, Any], uptime, started_at) -> str:
     evidence = {
         "clipped": f"clipped in {entry.get('clipped_rounds')} of {entry.get('rounds_seen')} rounds",
         "returned": f"its returned averages refused in {entry.get('returned_rounds')} rounds",
+        "state": f"{entry.get('refused_states')} states it served refused",
     }.get(entry.get("reason"), f"claims capped in {entry.get('capped_claims')} epochs")
     left = max(0.0, float(entry.get("until") or 0.0) - now)
     return (f"{_short_id(entry.get('peer_id'))}  ·  {evidence}  ·  {format_duration(left)} left  ·  "
@@ -142,6 +143,8 @@ def suspected_line(entry: dict[str, Any]) -> str:
         evidence.append(f"its returned averages refused in {entry['returned_rounds']} rounds")
     if entry.get("capped_claims"):
         evidence.append(f"claims capped in {entry['capped_claims']} epochs")
+    if entry.get("refused_states"):
+        evidence.append(f"{entry['refused_states']} states it served refused")
     return f"{_short_id(entry.get('peer_id'))}  ·  {', '.join(evidence)}  ·  asked last for the state"
 
 

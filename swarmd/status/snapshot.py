@@ -180,11 +180,12 @@ class Snapshot:
     # bytes of clients' state (peers behind NAT) this peer forwarded to joiners (swarm/upstream/state_forward.py)
     state_forwarded_bytes_total: int = 0
     # peers this one excluded on evidence (swarm/exclusion.py ExcludedPeer each: peer_id, reason, since, until,
-    # clipped_rounds, rounds_seen, capped_claims, exclusions), exclusions made by reason, refusals of them by place
+    # clipped_rounds, rounds_seen, capped_claims, exclusions, returned_rounds, refused_states), exclusions made by
+    # reason, refusals of them by place
     excluded_peers: tuple = ()
     # peers with evidence against them, not (yet) excluded (swarm/exclusion.py SuspectedPeer each: peer_id,
-    # clipped_rounds, rounds_seen, returned_rounds, capped_claims): asked last for the state, no partner in a state
-    # round of two
+    # clipped_rounds, rounds_seen, returned_rounds, capped_claims, refused_states): asked last for the state, no
+    # partner in a state round of two
     suspected_peers: tuple = ()
     exclusions_total: dict = field(default_factory=lambda: {reason: 0 for reason in EXCLUSION_REASONS})
     exclusion_refusals: dict = field(default_factory=lambda: {place: 0 for place in EXCLUSION_PLACES})

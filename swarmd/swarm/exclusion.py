@@ -17,6 +17,9 @@ The evidence:
   excluded (an honest reducer returns a weighted mean of what it was sent: never 100x off).
 - `claims`: the progress tracker caps each other peer's claimed samples and samples/s (swarm/claims.py); a peer
   whose samples were capped in at least `rounds` distinct global epochs within `window` is excluded.
+- `state`: the worker judges a state it downloaded on its own next batch (swarmd/worker/trainer.py,
+  `swarm.guard_download_loss_ratio`) and refuses one far worse than its own; each donor of a refused state counts
+  once, and a donor of `rounds` refused states within `window` is excluded (one is enough to be asked last).
 An excluded peer is refused at join_group (it cannot join this peer's group), its all-reduce parts are refused
 (aggregate_part), it is not asked to lead this peer's group (matchmaking skips it), it is not downloaded from
 (state_source), and its progress records count for nothing; all by this peer alone, nobody else is told. The time
@@ -75,7 +78,7 @@ logger = logging.getLogger("swarmd.exclusion")
 # where an excluded peer is refused (the order of the shared counters): asking to join this peer's group, sending it
 # all-reduce parts, being asked to lead this peer's group (matchmaking), being downloaded from
 PLACES = ("join_group", "aggregate_part", "leader", "state_source")
-REASONS = ("clipped", "returned", "claims")
+REASONS = ("clipped", "returned", "claims", "state")
 EXCLUDED_FILE = "excluded_peers.active"  # in the state dir: the ids every process of this peer refuses
 SUSPECT_MARK = "suspect "  # a line of that file naming a suspect (asked last for the state), not an excluded peer
 EVIDENCE_PER_PEER = 512  # observations kept per peer (the newest)
@@ -118,6 +121,7 @@ class ExcludedPeer:
     capped_claims: int  # global epochs in the window its claims were capped in, when excluded
     exclusions: int  # times this peer has been excluded (this one included): the time doubles with each
     returned_rounds: int = 0  # rounds in the window whose average it returned this peer refused, when excluded
+    refused_states: int = 0  # states it served that this peer refused (worse on its own data), when excluded
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class SuspectedPeer:
     rounds_seen: int  # rounds in the window it sent to this peer's share
     returned_rounds: int  # rounds in the window whose average it returned this peer refused
     capped_claims: int  # global epochs in the window its claims were capped in
+    refused_states: int = 0  # states it served in the window that this peer refused (worse on its own data)
 
 
 @dataclass
@@ -137,6 +142,7 @@ class _Record:
     rounds: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, clipped)
     claims: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, epoch)
     returned: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, 1): refused averages
+    states: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_PER_PEER))  # (time, 1): refused states
     last_seen: float = 0.0
     strikes: int = 0  # exclusions so far
     excluded: Optional[ExcludedPeer] = None  # the current or last one
@@ -162,6 +168,10 @@ class ExclusionTable:
         """This peer refused the average `peer_id` returned for its share of a round."""
         return self._observe(peer_id, now, lambda record: record.returned.append((now, 1)))
 
+    def observe_state(self, peer_id: str, now: float) -> Optional[ExcludedPeer]:
+        """This peer refused a state `peer_id` served it (or a part of it): worse on this peer's own data."""
+        return self._observe(peer_id, now, lambda record: record.states.append((now, 1)))
+
     def observe_claim(self, peer_id: str, epoch: int, now: float) -> Optional[ExcludedPeer]:
         """The tracker capped what `peer_id` claimed at global epoch `epoch`."""
         return self._observe(peer_id, now, lambda record: record.claims.append((now, int(epoch))))
@@ -183,10 +193,11 @@ class ExclusionTable:
                 continue
             self._age(record, now)
             clipped = sum(flag for _, flag in record.rounds)
-            if clipped or record.returned or record.claims:
+            if clipped or record.returned or record.claims or record.states:
                 found.append(SuspectedPeer(
                     peer_id=peer_id, clipped_rounds=clipped, rounds_seen=len(record.rounds),
                     returned_rounds=len(record.returned), capped_claims=len({epoch for _, epoch in record.claims}),
+                    refused_states=len(record.states),
                 ))
         return tuple(found)
 
@@ -201,7 +212,7 @@ class ExclusionTable:
             record = self._records[peer_id]
             self._age(record, now)
             ended = record.excluded is not None and record.excluded.until <= now
-            nothing = not record.rounds and not record.claims and not record.returned
+            nothing = not record.rounds and not record.claims and not record.returned and not record.states
             if ended and record.excluded.until + self.policy.max_seconds <= now and nothing:
                 del self._records[peer_id]
             elif record.excluded is None and nothing:
@@ -247,7 +258,7 @@ class ExclusionTable:
         if record.excluded is not None and record.excluded.until <= now:
             # the evidence that led to an exclusion is spent with it: the next one needs fresh evidence
             horizon = max(horizon, record.excluded.until)
-        for evidence in (record.rounds, record.claims, record.returned):
+        for evidence in (record.rounds, record.claims, record.returned, record.states):
             while evidence and evidence[0][0] < horizon:
                 evidence.popleft()
 
@@ -262,6 +273,8 @@ class ExclusionTable:
             reason = "returned"
         elif epochs >= policy.rounds:
             reason = "claims"
+        elif len(record.states) >= policy.rounds:
+            reason = "state"
         else:
             return None
         if not policy.enabled:
@@ -273,7 +286,7 @@ class ExclusionTable:
         record.excluded = ExcludedPeer(
             peer_id=peer_id, reason=reason, since=now, until=now + seconds, clipped_rounds=clipped,
             rounds_seen=len(record.rounds), capped_claims=epochs, exclusions=record.strikes,
-            returned_rounds=len(record.returned),
+            returned_rounds=len(record.returned), refused_states=len(record.states),
         )
         self.totals[reason] += 1
         return record.excluded
@@ -333,6 +346,10 @@ class ExclusionList(SharedPeerFile):
         """Reducers of one round whose returned averages this peer refused (base58 ids)."""
         self._report(("returned", time.time(), tuple(peers)[:SENDERS_PER_REPORT]))
 
+    def report_state(self, peers: Iterable[str]) -> None:
+        """The donors of a state this peer refused (base58 ids)."""
+        self._report(("state", time.time(), tuple(peers)[:SENDERS_PER_REPORT]))
+
     def report_claims(self, peers: Iterable[str], epoch: int) -> None:
         """Peers whose progress claims the tracker capped at global epoch `epoch`."""
         self._report(("claims", time.time(), int(epoch), tuple(peers)[:SENDERS_PER_REPORT]))
@@ -366,6 +383,9 @@ def feed(table: ExclusionTable, items: Iterable) -> list[ExcludedPeer]:
             elif item[0] == "returned":
                 _, when, peers = item
                 found = [table.observe_returned(str(peer), float(when)) for peer in peers]
+            elif item[0] == "state":
+                _, when, peers = item
+                found = [table.observe_state(str(peer), float(when)) for peer in peers]
             elif item[0] == "claims":
                 _, when, epoch, peers = item
                 found = [table.observe_claim(str(peer), int(epoch), float(when)) for peer in peers]
@@ -465,6 +485,9 @@ def _evidence_text(made: ExcludedPeer, policy: ExclusionPolicy) -> str:
     if made.reason == "returned":
         return (f"this peer refused the average it returned for its share in {made.returned_rounds} rounds in the "
                 f"last {policy.window:.0f} s")
+    if made.reason == "state":
+        return (f"this peer refused {made.refused_states} states it served in the last {policy.window:.0f} s (far "
+                "worse on this peer's own data than this peer's own)")
     return (f"its progress claims (samples, samples/s) were capped as implausible in {made.capped_claims} global "
             f"epochs in the last {policy.window:.0f} s")
 

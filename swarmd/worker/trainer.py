@@ -4,7 +4,7 @@ The daemon's event loop never blocks on training; this thread never touches the 
 - catches up with the swarm at start (bounded state download), then trains step after step;
 - runs forward under autocast for bf16/fp16 and scales the loss for fp16 (swarmd.ranks.precision);
 - keeps NaN/Inf steps out of the swarm, and restores the last good parameters if a global step made them
-  non-finite;
+  non-finite, or where a state it downloaded proves far worse on its own data (download_judge.py);
 - survives a step that raises: logs it, backs off, restores the last good state, and gives up (the daemon
   exits 1) only after `max_consecutive_failures` failures in a row;
 - at every global epoch: records the loss trend, evaluates and checkpoints on schedule, stops at max_epochs (with
@@ -30,6 +30,7 @@ from swarmd.ranks.precision import make_precision
 from swarmd.ranks.step_sync import RankFailure
 from swarmd.seeds import peer_data_seed  # re-exported: its callers knew it here
 from swarmd.swarm.upstream.peer_parts import StateLoadFailed
+from swarmd.worker.download_judge import DownloadJudge
 from swarmd.worker.stats import WorkerStats
 from swarmd.worker.threads import use_threads_in_this_thread
 
@@ -70,6 +71,7 @@ class WorkerSettings:
     finish_wait: float = 0.0  # seconds to serve the state at max_epochs while other peers are behind
     checkpoint_every_epochs: int = 10
     guard_parameter_change: float = 0.0
+    guard_download_loss_ratio: float = 0.0
     download_budget: float = 0.0  # seconds a state download may take
     step_budget: float = 0.0  # seconds one optimizer.step() may take
 
@@ -89,6 +91,7 @@ class WorkerSettings:
             finish_wait=config.training.finish_wait_seconds,
             checkpoint_every_epochs=config.checkpoint.every_epochs,
             guard_parameter_change=swarm.guard_parameter_change,
+            guard_download_loss_ratio=swarm.guard_download_loss_ratio,
             download_budget=download,
             step_budget=swarm.matchmaking_time + 3 * swarm.averaging_timeout + download,
         )
@@ -149,6 +152,8 @@ class TrainingWorker:
         self._nonfinite_in_a_row = 0  # steps dropped as non-finite since the last finite one
         self._backup_epoch: Optional[int] = None
         self._backup_state_loads = 0
+        # a state downloaded after the join is judged by its first step's loss (and backed up only once it passed)
+        self._downloads = DownloadJudge(0.0 if settings.auxiliary else settings.guard_download_loss_ratio)
         self._last_seen_epoch: Optional[int] = None  # auxiliary peers: the epoch seen after the previous step
 
     # --- control (called from the daemon) -------------------------------------------------------------------
@@ -223,6 +228,7 @@ class TrainingWorker:
         if self.join_phases is not None:
             logger.info("%s", self.join_phases.summary())
         self._take_backup()
+        self._downloads.begin(self.optimizer.state_loads_total)
 
     def _another_trainer_offers_its_state(self) -> bool:
         from swarmd.swarm.initial_state import (
@@ -362,6 +368,8 @@ class TrainingWorker:
         totals = self.ranks.sync.average_gradients(samples=samples, loss=loss_value)
         loss_value, samples = totals.loss, totals.samples
         self.ranks.stats.record(totals)
+        if self._judged_download_refused(loss_value):
+            return
         epoch_before = self.optimizer.local_epoch
         self.stats.begin("optimizer step", self.settings.step_budget)
         optimizer_started = time.perf_counter()
@@ -388,6 +396,29 @@ class TrainingWorker:
         )
         if self.optimizer.local_epoch != epoch_before:
             self._on_new_epoch(epoch_before)
+
+    def _judged_download_refused(self, loss_value: float) -> bool:
+        """This step's loss on this peer's state (download_judge.py): where a state came since the last step, its
+        first loss judges it; a refused one is replaced by this peer's last good parameters (from before it), and the
+        step is dropped. True where it was refused."""
+        loads = self.optimizer.state_loads_total
+        if not self._downloads.pending(loads):
+            self._downloads.record(loss_value)
+            return False
+        why = self._downloads.judge(loss_value, loads)
+        if not why or self._backup is None:
+            self._take_backup()  # the state that came passed: it is the last good one now
+            return False
+        self._discard_local_gradients()
+        donors = self.optimizer.refuse_state(self._backup)
+        self.stats.record_restore()
+        logger.error("Refused the state downloaded from %s: %s. This peer's parameters of epoch %s are back, its "
+                     "optimizer statistics start afresh, and the donors are suspects", ", ".join(donors) or "a peer",
+                     why, self._backup_epoch)
+        if self.averaging_log is not None:
+            self.averaging_log.record("state", "rejected", group_size=1, duration=0.0,
+                                      epoch=self.optimizer.local_epoch, error=f"downloaded state refused: {why}")
+        return True
 
     def _drop_nonfinite_step(self, loss_value: float) -> None:
         """A NaN/Inf contribution would poison the swarm's average: drop it. Said at the first of a run of them and
@@ -423,7 +454,8 @@ class TrainingWorker:
             self.averaging_log.record("state", "rejected", group_size=1, duration=0.0, epoch=epoch, error=suspicious)
             self._restore_backup()
             return
-        self._take_backup()
+        if not self._downloads.pending(self.optimizer.state_loads_total):
+            self._take_backup()  # (a state that came is backed up once its first step judged it)
         self._read_epoch_state()
         if self._stop.is_set():
             return  # stopping: the daemon saves the final checkpoint itself, once hivemind is quiet

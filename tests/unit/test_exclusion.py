@@ -32,7 +32,7 @@ def test_one_clipped_round_is_no_evidence_three_are():
     assert made is not None and made.reason == "clipped" and made.clipped_rounds == 3 and made.rounds_seen == 3
     assert made.until == T0 + 2 + 60.0 and made.exclusions == 1
     assert table.is_excluded("liar", T0 + 3) and [e.peer_id for e in table.excluded(T0 + 3)] == ["liar"]
-    assert table.totals == {"clipped": 1, "returned": 0, "claims": 0}
+    assert table.totals == {"clipped": 1, "returned": 0, "claims": 0, "state": 0}
 
 
 def test_a_clean_run_excludes_nobody_even_with_rare_clipped_rounds():
@@ -43,7 +43,7 @@ def test_a_clean_run_excludes_nobody_even_with_rare_clipped_rounds():
     for i in range(20_000):  # a round every 0.5 s: 2.8 hours, four honest senders
         for peer in ("a", "b", "c", "d"):
             assert table.observe_round(peer, rng.random() < 0.1, T0 + i * 0.5) is None
-    assert table.excluded(T0 + 10_000) == () and table.totals == {"clipped": 0, "returned": 0, "claims": 0}
+    assert table.excluded(T0 + 10_000) == () and table.totals == {"clipped": 0, "returned": 0, "claims": 0, "state": 0}
 
 
 def test_a_peer_clipped_in_a_minority_of_its_rounds_is_not_excluded():
@@ -103,7 +103,7 @@ def test_claims_in_three_epochs_exclude_and_repeats_in_one_epoch_do_not():
     assert table.observe_claim("p", 8, T0 + 11) is None
     made = table.observe_claim("p", 9, T0 + 12)
     assert made is not None and made.reason == "claims" and made.capped_claims == 3
-    assert table.totals == {"clipped": 0, "returned": 0, "claims": 1}
+    assert table.totals == {"clipped": 0, "returned": 0, "claims": 1, "state": 0}
 
 
 def test_with_exclusion_off_the_evidence_excludes_nobody():
@@ -207,7 +207,7 @@ async def _the_extension_publishes_and_lifts(tmp_path):
         fields = extension.snapshot_fields()
         (shown,) = fields["excluded_peers"]
         assert shown.peer_id == "liar" and shown.reason == "clipped" and shown.clipped_rounds == 2
-        assert fields["exclusions_total"] == {"clipped": 1, "returned": 0, "claims": 0}
+        assert fields["exclusions_total"] == {"clipped": 1, "returned": 0, "claims": 0, "state": 0}
         now[0] = shown.until + 1
         extension.update()
         assert not reader.excludes("liar") and extension.snapshot_fields()["excluded_peers"] == ()
@@ -661,7 +661,7 @@ def test_a_reducer_whose_averages_were_refused_in_three_rounds_is_excluded_and_t
     assert table.observe_returned("liar", T0 + 701) is None
     made = table.observe_returned("liar", T0 + 702)
     assert made is not None and made.reason == "returned" and made.returned_rounds == 3
-    assert table.totals == {"clipped": 0, "returned": 1, "claims": 0}
+    assert table.totals == {"clipped": 0, "returned": 1, "claims": 0, "state": 0}
 
     table = ExclusionTable(ExclusionPolicy(rounds=1))
     made = feed(table, [("returned", T0, ("liar", "other")), ("returned", "bad")])
@@ -716,3 +716,26 @@ def test_suspects_reach_every_process_are_not_refused_and_are_asked_last_for_the
     assert donor_order(offers) == [newest, other, honest]  # exclusions off: upstream's order, newest first
     listed.publish(["excluded-one"])
     assert not reader.suspected(newest.to_base58())
+
+
+def test_a_donor_of_three_refused_states_is_excluded_one_makes_it_a_suspect_and_the_report_travels():
+    """`state` evidence (swarmd/worker/download_judge.py): each state this peer refused as far worse on its own data
+    counts once against each of its donors; one makes a suspect (asked last for the state), three within the window
+    exclude, older ones age out; the report comes through the queue; the status names it."""
+    from swarmd.status.render import excluded_line, suspected_line
+
+    table = ExclusionTable(ExclusionPolicy(rounds=3, window=600.0))
+    assert table.observe_state("liar", T0) is None
+    (suspect,) = table.suspected_peers(T0 + 1)
+    assert suspect.refused_states == 1 and "1 states it served refused" in suspected_line(dataclasses.asdict(suspect))
+    assert table.observe_state("liar", T0 + 700) is None  # the first aged out: one in the window
+    assert table.observe_state("liar", T0 + 701) is None
+    made = table.observe_state("liar", T0 + 702)
+    assert made is not None and made.reason == "state" and made.refused_states == 3
+    assert table.totals == {"clipped": 0, "returned": 0, "claims": 0, "state": 1}
+    line = excluded_line(dataclasses.asdict(made), uptime=702.0, started_at=T0)
+    assert "3 states it served refused" in line
+
+    table = ExclusionTable(ExclusionPolicy(rounds=1))
+    made = feed(table, [("state", T0, ("liar", "other")), ("state", "bad")])
+    assert sorted(e.peer_id for e in made) == ["liar", "other"]

@@ -57,9 +57,9 @@ EXPECTED_FULL = {
     "state_loads_total": 2,
     "excluded_peers": (
         {"peer_id": "QmLiar", "reason": "clipped", "since": 1700000300.0, "until": 1700000360.0, "clipped_rounds": 3,
-         "rounds_seen": 3, "capped_claims": 0, "exclusions": 1, "returned_rounds": 0},
+         "rounds_seen": 3, "capped_claims": 0, "exclusions": 1, "returned_rounds": 0, "refused_states": 0},
     ),
-    "exclusions_total": {"clipped": 1, "returned": 0, "claims": 0},
+    "exclusions_total": {"clipped": 1, "returned": 0, "claims": 0, "state": 0},  # "state": added, API 1 kept
     "exclusion_refusals": {"join_group": 2, "aggregate_part": 0, "leader": 1, "state_source": 1},
     "parameter_drift": 0.01,
     "samples_per_second": 95.123,
@@ -153,7 +153,7 @@ EXPECTED_STARTING = {
     "eta_seconds": None,
     "state_loads_total": 0,
     "excluded_peers": (),
-    "exclusions_total": {"clipped": 0, "returned": 0, "claims": 0},
+    "exclusions_total": {"clipped": 0, "returned": 0, "claims": 0, "state": 0},
     "exclusion_refusals": {"join_group": 0, "aggregate_part": 0, "leader": 0, "state_source": 0},
     "parameter_drift": None,
     "samples_per_second": 0.0,

@@ -41,6 +41,8 @@ class SwarmStrategy(Protocol):
 
     def restore_parameters(self, saved: list) -> None: ...  # the worker's last good parameters, after a bad step
 
+    def refuse_state(self, saved: list) -> list: ...  # a downloaded state refused: `saved` back; returns the donors
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state_dict: dict) -> None: ...

@@ -220,6 +220,25 @@ class ReadsItsParts:
                         opt_param.copy_(value)
 
 
+    def refuse_state(self, saved: list) -> list[str]:
+        """The state the last download brought, refused (the worker judged it on this peer's own data,
+        swarmd/worker/trainer.py): `saved` (the worker's last good parameters, from before the download) back, the
+        optimizer statistics that came with it started afresh (the donor's momentum would carry this peer's next steps
+        its way: in the attack benchmark's wreck every honest peer stepped uphill for ~20 s on a downloaded momentum),
+        and each donor reported as evidence (swarm/exclusion.py, "state": asked last from now on). The donors."""
+        from swarmd.swarm.downloaded_statistics import restart_statistics
+
+        donors = list(self.state_averager.donors_of_the_state())
+        self.restore_parameters(saved)
+        averager = self.state_averager
+        with averager.lock_optimizer:
+            restart_statistics(averager.optimizer)
+        listed = exclusion.installed()
+        if listed is not None and donors:
+            listed.report_state(donors)
+        return donors
+
+
 def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:
     """`swarm.clip_local_grad_norm`: each local step's own (unscaled) gradient is clipped before it is used
     (accumulated into the swarm's average; under DiLoCo, the inner step), as hivemind's ALBERT example does through

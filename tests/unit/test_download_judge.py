@@ -1,0 +1,178 @@
+"""A downloaded state judged on this peer's own data (swarmd/worker/download_judge.py): the judge alone, and the
+training worker driving it with a fake optimizer (a download is the optimizer's count going up with new parameters)."""
+
+import logging
+from types import SimpleNamespace
+
+import torch
+
+from fake_task import CpuTask
+from swarmd.config.loader import load_config
+from swarmd.tasks.base import StepOutput
+from swarmd.worker.download_judge import OWN_STEPS_NEEDED, DownloadJudge
+from swarmd.worker.stats import WorkerStats
+from swarmd.worker.trainer import TrainingWorker, WorkerSettings
+
+
+def test_the_first_loss_on_a_state_that_came_is_judged_against_the_median_of_this_peers_own():
+    judge = DownloadJudge(100.0)
+    assert not judge.pending(1)  # before the join nothing is judged (a joiner's download: nothing to judge by)
+    judge.begin(1)
+    for loss in (0.004, 0.003, 0.002, 0.003, 0.9):  # one bad batch of its own does not move the median
+        assert not judge.pending(1)
+        judge.record(loss)
+    assert judge.pending(2)
+    why = judge.judge(7.0, 2)
+    assert "2.33e+03x the median" in why and "0.003" in why, why
+    assert not judge.pending(2)  # judged once
+    # refused: this peer's own losses stay the reference; an honest state a few times worse passes
+    assert judge.judge(0.02, 3) == ""
+    # ...and its losses are the reference from then on: too few of them to judge the next state by
+    assert judge.judge(50.0, 4) == ""
+    assert judge.judge(float("nan"), 5) != ""  # a state whose loss is not finite: refused whatever came before
+
+
+def test_too_few_own_steps_or_the_guard_off_judge_nothing():
+    judge = DownloadJudge(100.0)
+    judge.begin(0)
+    for _ in range(OWN_STEPS_NEEDED - 1):
+        judge.record(0.001)
+    assert judge.judge(1000.0, 1) == ""
+    off = DownloadJudge(0.0)
+    off.begin(0)
+    assert not off.pending(5)
+
+
+def _worker(model, optimizer, ratio):
+    class Task(CpuTask):
+        batch = torch.ones(4, 2)
+
+        def training_step(self, model, batch):
+            return StepOutput(loss=(model(batch) ** 2).mean(), batch_size=4)
+
+    config = load_config(None, environ={}, assignments=[f"swarm.guard_download_loss_ratio={ratio}"])
+    stats = WorkerStats()
+    worker = TrainingWorker(
+        task=Task(), model=model, optimizer=optimizer, settings=WorkerSettings.from_config(config), stats=stats,
+        averaging_log=None, device=torch.device("cpu"), data_seed=0,
+    )
+    return worker, stats, Task().train_batches(0)
+
+
+def _fake_optimizer(model):
+    class Optimizer:
+        local_epoch = 0
+        catching_up = False
+        param_groups = [{"lr": 0.0}]
+        grad_averager = None
+        state_averager = SimpleNamespace(main_parameters=list(model.parameters()))
+        state_loads_total = 0
+        steps = 0
+        refused = []
+        download_in_next_step = None  # the scale of the parameters a download brings within the next step
+
+        def step(self, batch_size=None, grad_scaler=None):
+            self.steps += 1
+            if self.download_in_next_step is not None:  # hivemind's step downloads where this peer is behind
+                self.download(self.download_in_next_step)
+                self.download_in_next_step = None
+
+        @torch.no_grad()
+        def download(self, scale):  # what a download does to the model: new values, a later epoch, the count up
+            for param in model.parameters():
+                param.mul_(scale)
+            self.state_loads_total += 1
+            self.local_epoch += 1
+
+        @torch.no_grad()
+        def refuse_state(self, saved):
+            self.refused.append([value.clone() for value in saved])
+            for value, param in zip(saved, model.parameters()):
+                param.copy_(value)
+            return ["QmDonor"]
+
+    return Optimizer()
+
+
+def test_the_worker_refuses_a_state_far_worse_on_its_own_batch_and_keeps_an_honest_one(caplog):
+    """Steps on this peer's own state, then a download 1000x off in the parameters (the loss ~1e6x its own): the
+    next step's loss judges it, the parameters from before it come back (refuse_state gets them), the step is
+    dropped and counted as a restore. A state a little off passes and is the last good one from then on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = _fake_optimizer(model)
+    worker, stats, batches = _worker(model, optimizer, 100.0)
+    worker._take_backup()  # as the worker does once it has joined...
+    worker._downloads.begin(optimizer.state_loads_total)  # ...after its own download, if any
+    for _ in range(OWN_STEPS_NEEDED + 1):
+        worker._step(batches)
+    own = [p.detach().clone() for p in model.parameters()]
+    optimizer.download_in_next_step = 1000.0
+    worker._step(batches)  # its optimizer step downloads: a new epoch, whose backup waits for the judgement
+    assert optimizer.steps == OWN_STEPS_NEEDED + 2 and optimizer.state_loads_total == 1
+    assert all(torch.equal(saved, value) for saved, value in zip(worker._backup, own))
+
+    with caplog.at_level(logging.ERROR, logger="swarmd.worker.trainer"):
+        worker._step(batches)
+    assert optimizer.steps == OWN_STEPS_NEEDED + 2  # the step on the refused state went nowhere
+    assert len(optimizer.refused) == 1 and all(torch.equal(a, b) for a, b in zip(optimizer.refused[0], own))
+    assert all(torch.equal(p.detach(), value) for p, value in zip(model.parameters(), own))
+    assert stats.restores_total == 1
+    assert any("Refused the state downloaded from QmDonor" in r.getMessage() for r in caplog.records)
+
+    optimizer.download(1.1)  # an honest state: a little off
+    worker._step(batches)
+    assert len(optimizer.refused) == 1 and optimizer.steps == OWN_STEPS_NEEDED + 3
+    assert all(torch.equal(saved, p.detach()) for saved, p in zip(worker._backup, model.parameters()))
+
+
+def test_with_the_guard_off_the_worker_takes_whatever_came():
+    model = torch.nn.Linear(2, 1)
+    optimizer = _fake_optimizer(model)
+    worker, stats, batches = _worker(model, optimizer, 0)
+    worker._take_backup()
+    worker._downloads.begin(optimizer.state_loads_total)
+    for _ in range(OWN_STEPS_NEEDED + 2):
+        worker._step(batches)
+    optimizer.download(1000.0)
+    worker._step(batches)
+    assert optimizer.refused == [] and stats.restores_total == 0
+
+
+def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_names_its_donors(tmp_path):
+    """swarm/upstream/peer_parts.py refuse_state, as either optimizer composes it: the saved parameters back, Adam's
+    moments and step counts zeroed (the donor's momentum would carry the next steps its way), and each donor reported
+    to the exclusion list as `state` evidence."""
+    import threading
+
+    from swarmd.swarm import exclusion
+    from swarmd.swarm.exclusion import ExclusionList
+    from swarmd.swarm.upstream.peer_parts import ReadsItsParts
+
+    model = torch.nn.Linear(3, 1)
+    saved = [p.detach().clone() for p in model.parameters()]
+    adam = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    adam.step()  # moments and a step count: what came with the refused state
+    averager = SimpleNamespace(main_parameters=list(model.parameters()), offload_optimizer=False, optimizer=adam,
+                               lock_optimizer=threading.Lock(), donors_of_the_state=lambda: ["QmLiar", "QmOther"])
+    parts = ReadsItsParts()
+    parts.state_averager = averager
+    listed = ExclusionList(tmp_path / "excluded")
+    listed.start()
+    exclusion.install(listed)
+    try:
+        assert parts.refuse_state(saved) == ["QmLiar", "QmOther"]
+        reports = []
+        for _ in range(50):
+            reports += listed.drain()
+            if reports:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        exclusion.install(None)
+    assert all(torch.equal(p.detach(), value) for p, value in zip(model.parameters(), saved))
+    for state in adam.state.values():
+        assert float(state["exp_avg"].abs().sum()) == 0 and float(state["exp_avg_sq"].abs().sum()) == 0
+        assert float(state["step"]) == 0
+    assert [(kind, peers) for kind, _, peers in reports] == [("state", ("QmLiar", "QmOther"))]
