@@ -392,10 +392,10 @@ class SwarmConfig(StrictModel):
     guard_download_loss_ratio: float = Field(
         100.0,
         ge=0,
-        description="Refuse a downloaded state whose loss on this peer's next batch is more than this many times the "
-        "median loss of this peer's own last steps (a donor that stepped its state uphill, or sends garbage): this "
-        "peer's last good parameters come back, its optimizer statistics start afresh, and the donors count as "
-        "evidence (swarm.exclusion). A joiner with no steps of its own judges nothing. 0: off.",
+        description="Refuse a downloaded state whose loss on this peer's next batch is more than this many times "
+        "the largest loss of this peer's own last 16 steps (a donor that stepped its state uphill, or sends "
+        "garbage): this peer's last good parameters come back, its optimizer statistics start afresh, and the "
+        "donors count as evidence (swarm.exclusion). A joiner with no steps of its own judges nothing. 0: off.",
     )
     clip_local_grad_norm: Optional[float] = Field(
         None,

@@ -8,23 +8,24 @@ state from loss 0.003 to ~7 within half a second; the outrun founder downloaded 
 honest peer stepped uphill on that lineage for ~20 s. Nobody's step pointed away from the others': no evidence.
 
 This peer's own steps say what a plausible state is: the first step after a download computes the loss of the state
-that came on this peer's next batch, which is compared with the median loss of this peer's own last steps (before
-the download). A state more than `ratio` times worse is refused (the worker puts its last good parameters back, the
-optimizer statistics start afresh and the donors count as evidence: swarm/upstream/peer_parts.py refuse_state). An
-honest state of the same run is within a few times this peer's own (the same model, the same data); the lying one
-above was 2,300 times. A joiner has no steps of its own: its first download is not judged.
+that came on this peer's next batch, which is compared with the largest loss of this peer's own last steps (before
+the download): the largest, not the median, because one batch's loss varies (a hard batch of a converged classifier
+is many times the median one), and an honest state may meet such a batch first. A state more than `ratio` times
+worse than that is refused (the worker puts its last good parameters back, the optimizer statistics start afresh
+and the donors count as evidence: swarm/upstream/peer_parts.py refuse_state). An honest state of the same run is
+within a few times this peer's own (the same model, the same data); the lying one above was 2,300 times the median
+of the founder's own. A joiner has no steps of its own: its first download is not judged.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from typing import Optional
 
 __all__ = ["DownloadJudge", "OWN_STEPS_KEPT", "OWN_STEPS_NEEDED"]
 
-OWN_STEPS_KEPT = 16  # the last steps on this peer's own state whose median loss is the reference
+OWN_STEPS_KEPT = 16  # the last steps on this peer's own state whose largest loss is the reference
 OWN_STEPS_NEEDED = 4  # fewer than this since the last state this peer took: nothing to judge by
 
 
@@ -58,10 +59,10 @@ class DownloadJudge:
         if not math.isfinite(loss):
             return "its loss on this peer's next batch was not finite"
         if len(own) >= OWN_STEPS_NEEDED:
-            reference = statistics.median(own)
+            reference = max(own)
             if reference > 0 and loss > self.ratio * reference:
-                return (f"its loss on this peer's next batch was {loss:.4g}, {loss / reference:.3g}x the median of this "
-                        f"peer's own last {len(own)} steps ({reference:.4g}; swarm.guard_download_loss_ratio "
+                return (f"its loss on this peer's next batch was {loss:.4g}, {loss / reference:.3g}x the largest of "
+                        f"this peer's own last {len(own)} steps ({reference:.4g}; swarm.guard_download_loss_ratio "
                         f"{self.ratio:g})")
         self._own.clear()
         self.record(loss)

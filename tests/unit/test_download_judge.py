@@ -14,19 +14,19 @@ from swarmd.worker.stats import WorkerStats
 from swarmd.worker.trainer import TrainingWorker, WorkerSettings
 
 
-def test_the_first_loss_on_a_state_that_came_is_judged_against_the_median_of_this_peers_own():
+def test_the_first_loss_on_a_state_that_came_is_judged_against_the_largest_of_this_peers_own():
     judge = DownloadJudge(100.0)
     assert not judge.pending(1)  # before the join nothing is judged (a joiner's download: nothing to judge by)
     judge.begin(1)
-    for loss in (0.004, 0.003, 0.002, 0.003, 0.9):  # one bad batch of its own does not move the median
+    for loss in (0.004, 0.003, 0.002, 0.003, 0.03):  # a hard batch of its own: the reference
         assert not judge.pending(1)
         judge.record(loss)
     assert judge.pending(2)
     why = judge.judge(7.0, 2)
-    assert "2.33e+03x the median" in why and "0.003" in why, why
+    assert "233x the largest" in why and "0.03;" in why, why
     assert not judge.pending(2)  # judged once
-    # refused: this peer's own losses stay the reference; an honest state a few times worse passes
-    assert judge.judge(0.02, 3) == ""
+    # refused: this peer's own losses stay the reference; an honest state meeting a batch 50x its median passes
+    assert judge.judge(0.15, 3) == ""
     # ...and its losses are the reference from then on: too few of them to judge the next state by
     assert judge.judge(50.0, 4) == ""
     assert judge.judge(float("nan"), 5) != ""  # a state whose loss is not finite: refused whatever came before
