@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from fake_task import CpuTask
+from fake_task import CpuTask, FakeOptimizer
 from swarmd.config.loader import load_config
 from swarmd.tasks.base import StepOutput
 from swarmd.worker.download_judge import OWN_STEPS_NEEDED, DownloadJudge
@@ -60,13 +60,7 @@ def _worker(model, optimizer, ratio):
 
 
 def _fake_optimizer(model):
-    class Optimizer:
-        local_epoch = 0
-        catching_up = False
-        param_groups = [{"lr": 0.0}]
-        grad_averager = None
-        state_averager = SimpleNamespace(main_parameters=list(model.parameters()))
-        state_loads_total = 0
+    class Optimizer(FakeOptimizer):
         steps = 0
         refused = []
         download_in_next_step = None  # the scale of the parameters a download brings within the next step
@@ -91,7 +85,7 @@ def _fake_optimizer(model):
                 param.copy_(value)
             return ["QmDonor"]
 
-    return Optimizer()
+    return Optimizer(model, lr=0.0)
 
 
 def test_the_worker_refuses_a_state_far_worse_on_its_own_batch_and_keeps_an_honest_one(caplog):

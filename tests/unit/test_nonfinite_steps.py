@@ -1,12 +1,11 @@
 """A run of steps with non-finite gradients (a model that diverged): bounded log lines, the last good parameters back."""
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fake_task import CpuTask
+from fake_task import CpuTask, FakeOptimizer
 from swarmd.config.loader import load_config
 from swarmd.tasks.base import StepOutput
 from swarmd.worker.stats import WorkerStats
@@ -30,14 +29,7 @@ def test_a_run_of_non_finite_gradients_is_said_now_and_then_and_puts_the_last_go
                 model.bias.add_(1.0)  # as a diverging model moves: the restore must undo it
             return StepOutput(loss=model(batch).sum(), batch_size=4)
 
-    class Optimizer:
-        local_epoch = 0
-        catching_up = False
-        param_groups = [{"lr": 0.1}]
-        grad_averager = None
-        state_averager = SimpleNamespace(main_parameters=list(model.parameters()))
-        state_loads_total = 0
-
+    class Optimizer(FakeOptimizer):
         def step(self, batch_size=None, grad_scaler=None):
             raise AssertionError("a non-finite step was handed to the swarm")
 
@@ -50,7 +42,7 @@ def test_a_run_of_non_finite_gradients_is_said_now_and_then_and_puts_the_last_go
     config = load_config(None, environ={}, assignments=[])
     stats = WorkerStats()
     worker = TrainingWorker(
-        task=Task(), model=model, optimizer=Optimizer(), settings=WorkerSettings.from_config(config), stats=stats,
+        task=Task(), model=model, optimizer=Optimizer(model), settings=WorkerSettings.from_config(config), stats=stats,
         averaging_log=None, device=torch.device("cpu"), data_seed=0,
     )
     worker._take_backup()  # as the worker does once it has joined
