@@ -413,8 +413,8 @@ class TrainingWorker:
         donors = self.optimizer.refuse_state(self._backup)
         self.stats.record_restore()
         logger.error("Refused the state downloaded from %s: %s. This peer's parameters of epoch %s are back, its "
-                     "optimizer statistics start afresh, and the donors are suspects", ", ".join(donors) or "a peer",
-                     why, self._backup_epoch)
+                     "optimizer statistics start afresh, and its donors are reported as evidence (swarmd status)",
+                     ", ".join(donors) or "a peer", why, self._backup_epoch)
         if self.averaging_log is not None:
             self.averaging_log.record("state", "rejected", group_size=1, duration=0.0,
                                       epoch=self.optimizer.local_epoch, error=f"downloaded state refused: {why}")
