@@ -221,10 +221,11 @@ class ReadsItsParts:
 
     def refuse_state(self, saved: list) -> list[str]:
         """The state the last download brought, refused (the worker judged it on this peer's own data,
-        swarmd/worker/download_judge.py): `saved` (the worker's last good parameters, from before the download) back, the
-        optimizer statistics that came with it started afresh (the donor's momentum would carry this peer's next steps
-        its way: in the attack benchmark's wreck every honest peer stepped uphill for ~20 s on a downloaded momentum),
-        and each donor reported as evidence (swarm/exclusion.py, "state": a suspect, asked last). The donors."""
+        swarmd/worker/download_judge.py): `saved` (the worker's last good parameters, from before the download)
+        back, the optimizer statistics that came with it started afresh (the donor's momentum would carry this
+        peer's next steps its way: in the attack benchmark's wreck every honest peer stepped uphill for ~20 s on a
+        downloaded momentum), and each donor reported as evidence (swarm/exclusion.py, "state": a suspect, asked
+        last). The donors."""
         from swarmd.swarm.downloaded_statistics import restart_statistics
 
         donors = list(self.state_averager.donors_of_the_state())
