@@ -13,8 +13,8 @@ the download): the largest, not the median, because one batch's loss varies (a h
 is many times the median one), and an honest state may meet such a batch first. A state more than `ratio` times
 worse than that is refused (the worker puts its last good parameters back, the optimizer statistics start afresh
 and the donors count as evidence: swarm/upstream/peer_parts.py refuse_state). An honest state of the same run is
-within a few times this peer's own (the same model, the same data); the lying one above was 2,300 times the median
-of the founder's own. A joiner has no steps of its own: its first download is not judged.
+within a few times this peer's own (the same model, the same data); the lying one above was over 1,000 times the
+founder's own. A joiner has no steps of its own: its first download is not judged.
 """
 
 from __future__ import annotations
