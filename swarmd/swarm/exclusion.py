@@ -17,7 +17,7 @@ The evidence:
   excluded (an honest reducer returns a weighted mean of what it was sent: never 100x off).
 - `claims`: the progress tracker caps each other peer's claimed samples and samples/s (swarm/claims.py); a peer
   whose samples were capped in at least `rounds` distinct global epochs within `window` is excluded.
-- `state`: the worker judges a state it downloaded on its own next batch (swarmd/worker/trainer.py,
+- `state`: the worker judges a state it downloaded on its own next batch (swarmd/worker/download_judge.py,
   `swarm.guard_download_loss_ratio`) and refuses one far worse than its own; each donor of a refused state counts
   once, and a donor of `rounds` refused states within `window` is excluded (one is enough to be asked last).
 An excluded peer is refused at join_group (it cannot join this peer's group), its all-reduce parts are refused

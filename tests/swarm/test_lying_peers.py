@@ -167,6 +167,18 @@ def test_without_the_check_the_lying_reducer_sets_its_share(dhts, monkeypatch):
     assert min(errors) > 100, errors  # a third of the vector x1000
 
 
+def _reports_of_two_honest_reducers(listed) -> list:
+    """The senders of each round the two honest reducers reported (swarm/exclusion.py's evidence, through the queue
+    their processes share with this one): each reports once its round ended, in its process, after the results."""
+    reports = []
+    for _ in range(200):
+        reports += listed.drain()
+        if len(reports) >= 2:
+            return [senders for _, _, senders in reports]
+        time.sleep(0.1)
+    raise AssertionError(f"the honest reducers reported {reports}")
+
+
 def _round_with_a_sign_flipper(dhts, prefix: str, aggregation: Aggregation, tmp_path) -> list:
     """One all-reduce: two honest swarmd averagers of noisy updates (noise of the signal's norm) and a plain hivemind
     peer (client mode) that sends its own update sign-flipped, at honest scale; the rounds the honest reducers
@@ -198,13 +210,7 @@ def _round_with_a_sign_flipper(dhts, prefix: str, aggregation: Aggregation, tmp_
         averagers.append(DecentralizedAverager([flipped], dhts[2], client_mode=True, **settings))
         controls = [averager.step(wait=False, timeout=30) for averager in averagers]
         assert [len(control.result(40)) for control in controls] == [3, 3, 3]
-        reports = []
-        for _ in range(200):  # each honest reducer reports once its round ended (its process, after the results)
-            reports += listed.drain()
-            if len(reports) >= 2:
-                return [senders for _, _, senders in reports]
-            time.sleep(0.1)
-        raise AssertionError(f"the honest reducers reported {reports}")
+        return _reports_of_two_honest_reducers(listed)
     finally:
         exclusion.install(None)
         for averager in averagers:
@@ -258,7 +264,6 @@ def _parameter_rounds_with_an_uphill_stepper(dhts, prefix: str, judged_step_tens
             averagers.append(JudgedAsParameters(averaged_tensors=[start.clone()], dht=dht, aggregation=Aggregation(),
                                                 **settings))
         averagers.append(DecentralizedAverager([start.clone()], dhts[2], client_mode=True, **settings))
-        reports = []
         for round_ in range(2):
             if round_:
                 for averager, step in zip(averagers, steps):
@@ -266,14 +271,8 @@ def _parameter_rounds_with_an_uphill_stepper(dhts, prefix: str, judged_step_tens
                         tensors[0].add_(step)
             controls = [averager.step(wait=False, timeout=30) for averager in averagers]
             assert [len(control.result(40)) for control in controls] == [3, 3, 3]
-            reports = []
-            for _ in range(200):  # each honest reducer reports once its round ended
-                reports += listed.drain()
-                if len(reports) >= 2:
-                    break
-                time.sleep(0.1)
-            assert len(reports) >= 2, reports
-        return [senders for _, _, senders in reports]
+            reported = _reports_of_two_honest_reducers(listed)  # the first round's: the origins, no steps yet
+        return reported
     finally:
         exclusion.install(None)
         for averager in averagers:
