@@ -72,6 +72,10 @@ MODES = {
     # download's vote (swarm/upstream/split_download.py)
     "parameters again, lr 3e-3 (a diverging model)": {"catch_up_by_averaging": False, "refresh_parameters": True,
                                                       "task": {"optim": {"lr": 3e-3}}},
+    # the sync default as before 2026-12-07 (evening): a download that ended exactly one epoch behind the swarm is
+    # followed by the parameters again too, instead of taking the swarm's epoch a step stale (hivemind's rule)
+    "parameters again, also one behind": {"catch_up_by_averaging": False, "refresh_parameters": True,
+                                          "refresh_one_behind": True},
 }
 # The task's optimizer: AdamW at a rate at which the widened model trains (its loss from 0.48 to 0.30 in 12 steps of
 # 256 samples, each step moving a tensor by 0.2-0.5% of its norm, as a real task's would; a mode's `task` overrides)

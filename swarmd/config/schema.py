@@ -298,6 +298,13 @@ class SwarmConfig(StrictModel):
         "few epochs old) up to 3 times before the whole state again. false: the whole state every time (hivemind's "
         "way). Plain hivemind peers serve only the whole state. docs/PERFORMANCE.md section 5.",
     )
+    refresh_one_behind: bool = Field(
+        False,
+        description="Whether a sync peer whose state download ended exactly one epoch behind the swarm takes the "
+        "parameters again too. false: it takes the swarm's epoch with its parameters a step stale (hivemind's rule, "
+        "one epoch behind is close enough), weighing next to nothing in state rounds until one evens it out, and "
+        "joins the swarm's current round instead of chasing the next (docs/PERFORMANCE.md section 5).",
+    )
     state_round_search: float = Field(
         2.0,
         ge=0,

@@ -39,7 +39,8 @@ class _AdamProbe(_Probe):
 
 def _peer(
     dht, tmp_path, offload_optimizer: bool, catch_up_by_averaging: Optional[bool] = True, task_class=_Probe,
-    refresh_parameters: bool = True, matchmaking_time: float = 1.0, round_epoch_check: bool = True, **tracker_opts,
+    refresh_parameters: bool = True, matchmaking_time: float = 1.0, round_epoch_check: bool = True,
+    refresh_one_behind: bool = False, **tracker_opts,
 ):
     from swarmd.swarm.averaging_log import AveragingLog
     from swarmd.swarm.strategies import build_swarm_optimizer
@@ -57,6 +58,7 @@ def _peer(
                 "average_state_every": STATE_EVERY,
                 "offload_optimizer": offload_optimizer,
                 "refresh_parameters": refresh_parameters,
+                "refresh_one_behind": refresh_one_behind,
                 "round_epoch_check": round_epoch_check,
                 **({} if catch_up_by_averaging is None else {"catch_up_by_averaging": catch_up_by_averaging}),
                 "tracker_opts": {"min_refresh_period": 0.1, "default_refresh_period": 0.2, **tracker_opts},
@@ -258,6 +260,50 @@ def test_a_peer_whose_round_was_the_swarms_next_takes_its_parameters_again(dht, 
         assert joiner[2].parameter_refreshes_total == 1, "the joiner did not take the swarm's parameters again"
         assert joiner[2].state_loads_total == 2  # the download and the refresh, no second whole download
         assert joiner[2].local_epoch == 4 and _max_difference(joiner[1], swarm[1]) == 0
+    finally:
+        _close(swarm, joiner, other_dht)
+
+
+@pytest.mark.parametrize("refresh_one_behind", [False, True], ids=["its epoch taken", "parameters again"])
+def test_a_download_that_ended_one_epoch_behind_takes_the_swarms_epoch(dht, tmp_path, refresh_one_behind):
+    """The swarm steps as the joiner's download ends, and the joiner's tracker sees it only at its first step: one
+    epoch behind. By default it takes the swarm's epoch with the downloaded parameters (a step stale, the state
+    inexact: hivemind's rule, as where the tracker saw it in time) instead of downloading the parameters again, and
+    its next gradient round is the swarm's current one. `refresh_one_behind: true` takes them again (the parameters
+    exact). Without the default's rule this test's first case fails on the refresh count."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, True, None, _AdamProbe)
+    joiner = None
+    seeds = iter(range(10**6))
+    try:
+        _train_alone_to_epoch(swarm, 2, seeds)
+        joiner = _peer(other_dht, tmp_path, True, None, _AdamProbe, refresh_one_behind=refresh_one_behind,
+                       private_key=RSAPrivateKey())
+        joiner[2].load_state_from_peers()
+        assert joiner[2].local_epoch == 2 and joiner[2].state_loads_total == 1
+        _train_alone_to_epoch(swarm, 3, seeds)  # the swarm steps as the download ends
+        wait_for(lambda: joiner[2].tracker.global_epoch == 3, "the joiner to see the swarm's epoch 3")
+        _train_step(joiner, next(seeds))  # upstream's exact check: out of sync
+        assert joiner[2].local_epoch == 3
+        if refresh_one_behind:
+            assert joiner[2].parameter_refreshes_total == 1 and joiner[2].state_loads_total == 2
+            assert _max_difference(joiner[1], swarm[1]) == 0
+        else:
+            assert joiner[2].parameter_refreshes_total == 0, "the joiner took the parameters again"
+            assert joiner[2].state_loads_total == 1 and joiner[2].inexact_state
+            assert _max_difference(joiner[1], swarm[1]) > 0  # a step stale: the swarm's epoch 2 -> 3 step
+        loads, refreshes = joiner[2].state_loads_total, joiner[2].parameter_refreshes_total
+
+        def averaged_with_the_swarm() -> bool:
+            round_ = joiner[3].last("gradients")
+            return round_ is not None and round_.outcome == "success" and round_.group_size == 2
+
+        _train_together_until([swarm, joiner], averaged_with_the_swarm, seeds, "a gradient round of the two")
+        # in step with the swarm: no download or refresh since, and the round's epoch the swarm's
+        assert (joiner[2].state_loads_total, joiner[2].parameter_refreshes_total) == (loads, refreshes)
+        assert joiner[3].last("gradients").epoch in (swarm[2].local_epoch, swarm[2].local_epoch - 1)
     finally:
         _close(swarm, joiner, other_dht)
 

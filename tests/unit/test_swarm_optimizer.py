@@ -147,6 +147,7 @@ def test_a_state_taken_again_from_a_doubted_donor_is_the_whole_state(doubted, tm
     optimizer.downloads = StateDownloads(attempts=1, timeout=1.0, dht=None)
     optimizer._swarm_epoch_from_round = None
     optimizer._should_catch_up_by_averaging = lambda: calls.append("catch-up?") or False
+    optimizer._one_behind_after_download = lambda: False  # four epochs behind
     optimizer._download_parameters_again = lambda behind: calls.append("parameters again") or True
     optimizer._set_inexact_state = optimizer._start_epoch_afresh = lambda *_: None
     listed = ExclusionList(tmp_path / "excluded_peers.active")

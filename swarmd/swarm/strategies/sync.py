@@ -20,6 +20,7 @@ def build_sync_optimizer(*, dht, config, model, task, averaging_log: AveragingLo
     return SwarmOptimizer(
         **shared_optimizer_options(dht=dht, config=config, model=model, task=task, averaging_log=averaging_log),
         refresh_parameters=swarm.refresh_parameters,
+        refresh_one_behind=swarm.refresh_one_behind,
         state_round_search=swarm.state_round_search,
         round_epoch_check=swarm.round_epoch_check,
         step_on_partial_average=swarm.step_on_partial_average,

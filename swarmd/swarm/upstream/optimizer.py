@@ -99,6 +99,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         averaging_log: AveragingLog,
         load_state_attempts: int = 3,
         refresh_parameters: bool = True,
+        refresh_one_behind: bool = False,
         state_round_search: float = STATE_ROUND_SEARCH,
         round_epoch_check: bool = True,
         step_on_partial_average: bool = True,
@@ -113,6 +114,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         # set before super().__init__: it builds the averagers, which use these
         self.averaging_log = averaging_log
         self.refresh_parameters = refresh_parameters
+        self.refresh_one_behind = refresh_one_behind
         self.round_epoch_check = round_epoch_check
         self.step_on_partial_average = step_on_partial_average
         # the swarm's epoch as a gradient round told it, where that round's group was ahead of this peer
@@ -433,17 +435,30 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
                 self._catch_up_by_averaging()
             else:
                 behind_the_round, self._swarm_epoch_from_round = self._swarm_epoch_from_round is not None, None
-                refreshed = not whole and self._download_parameters_again(behind_the_round)
-                if not refreshed:
+                close_enough = not whole and not behind_the_round and self._one_behind_after_download()
+                refreshed = not whole and not close_enough and self._download_parameters_again(behind_the_round)
+                if not refreshed and not close_enough:
                     self.downloads.download(self.state_averager, **kwargs)
                 self.catching_up = False  # the swarm's own state (its weights and sharing: just below)
                 one_behind = self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch
                 if one_behind:
                     # upstream's rule: one epoch behind is close enough (a gradient one step stale)
-                    logger.info("Catching up with the swarm at epoch %d", self.tracker.global_epoch)
+                    logger.info("Catching up with the swarm at epoch %d, this peer's parameters a step stale (one epoch "
+                                "behind is close enough; a state round evens them out)", self.tracker.global_epoch)
                     self.state_averager.local_epoch = self.tracker.global_epoch
                 self._set_inexact_state(refreshed or one_behind)
             self._start_epoch_afresh()
+
+    def _one_behind_after_download(self) -> bool:
+        """A download since the last global step left this sync peer exactly one epoch behind (the swarm stepped as
+        it ended, and the tracker saw it only after): upstream's rule, one epoch behind is close enough, as where the
+        tracker saw it in time (just below): the swarm's epoch, the parameters a step stale, the state inexact. The
+        parameters again (`refresh_one_behind`) took 0.8-1.7 s of the join benchmark's 2.5-3.5 s epochs, and the
+        swarm's round often formed meanwhile: the joiner's first round came an epoch or two later; either way its
+        optimizer statistics are the download's (docs/PERFORMANCE.md section 5)."""
+        if self.refresh_one_behind or self.use_local_updates or self.catching_up or self.auxiliary:
+            return False
+        return self._downloads_since_global_step >= 1 and self.tracker.global_epoch == self.local_epoch + 1
 
     def _download_parameters_again(self, behind_the_round: bool = False) -> bool:
         """A download since the last global step already ended behind the swarm (its epochs are shorter than a
