@@ -410,9 +410,9 @@ class TrainingWorker:
             self._take_backup()  # the state that came passed: it is the last good one now
             return False
         self._discard_local_gradients()
-        donors = self.optimizer.refuse_state(self._backup)
+        donors = self.optimizer.refuse_state(self._backup, self._backup_epoch)
         self.stats.record_restore()
-        logger.error("Refused the state downloaded from %s: %s. This peer's parameters of epoch %s are back, its "
+        logger.error("Refused the state downloaded from %s: %s. This peer's parameters and epoch (%s) are back, its "
                      "optimizer statistics start afresh, and its donors are reported as evidence (swarmd status)",
                      ", ".join(donors) or "a peer", why, self._backup_epoch)
         if self.averaging_log is not None:

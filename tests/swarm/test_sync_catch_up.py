@@ -308,6 +308,34 @@ def test_a_download_that_ended_one_epoch_behind_takes_the_swarms_epoch(dht, tmp_
         _close(swarm, joiner, other_dht)
 
 
+def test_a_state_that_upstream_refuses_after_it_came_is_no_download(dht, tmp_path):
+    """A donor behind this peer: its state comes, and upstream's state averager refuses it ("Cowardly refusing ...":
+    its epoch is behind). Counted as a download, the worker would judge this peer's own parameters as the state that
+    came (swarmd/worker/download_judge.py), clearing its reference, and its parameter guard would let the next epoch
+    pass; a sync peer's next catch-up would take the parameters alone. Level with the donor, it is taken and counted."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    other_dht = ToleratesExitedCallers(initial_peers=dht.get_visible_maddrs(), start=True)
+    swarm = _peer(dht, tmp_path, True, None, _AdamProbe)
+    joiner = None
+    try:
+        _train_alone_to_epoch(swarm, 2, iter(range(10**6)))
+        joiner = _peer(other_dht, tmp_path, True, None, _AdamProbe, private_key=RSAPrivateKey())
+        averager = joiner[2].state_averager
+        averager.local_epoch = 5  # ahead of the only donor
+        own = [param.detach().clone() for param in joiner[1].parameters()]
+        averager.load_state_from_peers()
+        assert averager._arrived_state is not None, "no state came"
+        assert joiner[2].state_loads_total == 0 and joiner[2].local_epoch == 5
+        assert all(torch.equal(a, b.detach()) for a, b in zip(own, joiner[1].parameters()))
+
+        averager.local_epoch = 2  # level with it
+        averager.load_state_from_peers()
+        assert joiner[2].state_loads_total == 1 and _max_difference(joiner[1], swarm[1]) == 0
+    finally:
+        _close(swarm, joiner, other_dht)
+
+
 def test_a_gradient_round_given_up_on_looks_for_no_group_after(dht, tmp_path):
     """A round begun without a pre-scheduled group has no deadline in the averager's process (upstream's step passes
     timeout=None): the peer gave it up at averaging_timeout and stepped on its own gradient, but its averager

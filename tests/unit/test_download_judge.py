@@ -4,6 +4,7 @@ training worker driving it with a fake optimizer (a download is the optimizer's 
 import logging
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fake_task import CpuTask, FakeOptimizer
@@ -79,10 +80,11 @@ def _fake_optimizer(model):
             self.local_epoch += 1
 
         @torch.no_grad()
-        def refuse_state(self, saved):
+        def refuse_state(self, saved, epoch=None):
             self.refused.append([value.clone() for value in saved])
             for value, param in zip(saved, model.parameters()):
                 param.copy_(value)
+            self.local_epoch = epoch
             return ["QmDonor"]
 
     return Optimizer(model, lr=0.0)
@@ -110,6 +112,7 @@ def test_the_worker_refuses_a_state_far_worse_on_its_own_batch_and_keeps_an_hone
         worker._step(batches)
     assert optimizer.steps == OWN_STEPS_NEEDED + 2  # the step on the refused state went nowhere
     assert len(optimizer.refused) == 1 and all(torch.equal(a, b) for a, b in zip(optimizer.refused[0], own))
+    assert optimizer.local_epoch == worker._backup_epoch  # the epoch of the parameters put back, not the download's
     assert all(torch.equal(p.detach(), value) for p, value in zip(model.parameters(), own))
     assert stats.restores_total == 1
     assert any("Refused the state downloaded from QmDonor" in r.getMessage() for r in caplog.records)
@@ -146,17 +149,25 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     model = torch.nn.Linear(3, 1)
     saved = [p.detach().clone() for p in model.parameters()]
     adam = torch.optim.AdamW(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(adam, lambda epoch: 1.0 / (1 + epoch))
     model(torch.ones(2, 3)).sum().backward()
-    adam.step()  # moments and a step count: what came with the refused state
+    adam.step()  # moments and a step count: what came with the refused state...
+    while schedule._step_count <= 10_000:  # ...and its epoch, to which upstream stepped the schedule
+        schedule.step()
+    donors = ["QmLiar", "QmOther"]
     averager = SimpleNamespace(main_parameters=list(model.parameters()), offload_optimizer=False, optimizer=adam,
-                               lock_optimizer=threading.Lock(), donors_of_the_state=lambda: ["QmLiar", "QmOther"])
+                               lock_optimizer=threading.Lock(), donors_of_the_state=lambda: list(donors),
+                               note_donors=lambda peers: donors.__setitem__(slice(None), list(peers)),
+                               local_epoch=10_000, scheduler=schedule)
+    told = []
     parts = ReadsItsParts()
     parts.state_averager = averager
+    parts.tracker = SimpleNamespace(report_local_progress=lambda epoch, samples: told.append((epoch, samples)))
     listed = ExclusionList(tmp_path / "excluded")
     listed.start()
     exclusion.install(listed)
     try:
-        assert parts.refuse_state(saved) == ["QmLiar", "QmOther"]
+        assert parts.refuse_state(saved, 7) == ["QmLiar", "QmOther"]
         reports = []
         for _ in range(50):
             reports += listed.drain()
@@ -170,3 +181,9 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
         assert float(state["exp_avg"].abs().sum()) == 0 and float(state["exp_avg_sq"].abs().sum()) == 0
         assert float(state["step"]) == 0
     assert [(kind, peers) for kind, _, peers in reports] == [("state", ("QmLiar", "QmOther"))]
+    # the epoch of the parameters put back, the schedule's rate at it, and the progress records told
+    assert averager.local_epoch == 7 and told == [(7, 0)]
+    assert schedule.last_epoch == 7 and schedule._step_count == 8
+    assert [group["lr"] for group in adam.param_groups] == pytest.approx([0.1 / 8])
+    # the state is this peer's own again: nothing left to take again from its donors
+    assert donors == []

@@ -41,7 +41,8 @@ class SwarmStrategy(Protocol):
 
     def restore_parameters(self, saved: list) -> None: ...  # the worker's last good parameters, after a bad step
 
-    def refuse_state(self, saved: list) -> list: ...  # a downloaded state refused: `saved` back; returns the donors
+    # a downloaded state refused: `saved` (the parameters of `epoch`) back; returns the donors
+    def refuse_state(self, saved: list, epoch: Optional[int] = None) -> list: ...
 
     def state_dict(self) -> dict: ...
 

@@ -17,7 +17,8 @@ from swarmd.swarm import averager_keys, exclusion
 
 __all__ = [
     "CATCHING_UP_WEIGHT", "AveragerSettings", "ReadsItsParts", "StateDownloads", "StateLoadFailed", "StateRefused",
-    "clip_local_gradients", "implausible_average", "outliers_clipped_total", "shutting_down_on_failure",
+    "clip_local_gradients", "implausible_average", "outliers_clipped_total", "rewind_scheduler",
+    "shutting_down_on_failure",
     "start_progress_tracker", "start_state_averager",
 ]
 
@@ -219,24 +220,51 @@ class ReadsItsParts:
                     for value, opt_param in zip(saved, opt_params):
                         opt_param.copy_(value)
 
-    def refuse_state(self, saved: list) -> list[str]:
+    def refuse_state(self, saved: list, epoch: Optional[int] = None) -> list[str]:
         """The state the last download brought, refused (the worker judged it on this peer's own data,
         swarmd/worker/download_judge.py): `saved` (the worker's last good parameters, from before the download)
-        back, the optimizer statistics that came with it started afresh (the donor's momentum would carry this
-        peer's next steps its way: in the attack benchmark's wreck every honest peer stepped uphill for ~20 s on a
-        downloaded momentum), and each donor reported as evidence (swarm/exclusion.py, "state": a suspect, asked
-        last). The donors."""
+        back, with their `epoch` (the state's was its donor's word: a liar's may be any, and kept, this peer would
+        train and publish its progress at it, its schedule's rate stepped there), the optimizer statistics that came
+        with it started afresh (the donor's momentum would carry this peer's next steps its way: in the attack
+        benchmark's wreck every honest peer stepped uphill for ~20 s on a downloaded momentum), and each donor
+        reported as evidence (swarm/exclusion.py, "state": a suspect, asked last). The state is this peer's own
+        again: no donor of it is left to take it again from (came_from_a_suspect). The donors."""
         from swarmd.swarm.downloaded_statistics import restart_statistics
 
-        donors = list(self.state_averager.donors_of_the_state())
-        self.restore_parameters(saved)
         averager = self.state_averager
+        donors = list(averager.donors_of_the_state())
+        self.restore_parameters(saved)
         with averager.lock_optimizer:
             restart_statistics(averager.optimizer)
+            if epoch is not None and epoch < averager.local_epoch:
+                averager.local_epoch = epoch
+                rewind_scheduler(averager.scheduler, epoch)
+        if epoch is not None:
+            self.tracker.report_local_progress(averager.local_epoch, 0)
+        averager.note_donors(())
         listed = exclusion.installed()
         if listed is not None and donors:
             listed.report_state(donors)
         return donors
+
+
+def rewind_scheduler(scheduler, epoch: int) -> None:
+    """`scheduler` set back to `epoch`: upstream only steps it forward, to the peer's epoch
+    (TrainingStateAverager._update_scheduler: until its _step_count passes local_epoch). A LambdaLR (every swarmd
+    task's, tasks/optim.py) gives its rate at any epoch; another scheduler is left where it is, said in the log."""
+    import torch
+
+    if scheduler is None or scheduler.last_epoch <= epoch:
+        return
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        logger.warning("The learning rate schedule (%s) cannot be set back to epoch %d: it stays at epoch %d's",
+                       type(scheduler).__name__, epoch, scheduler.last_epoch)
+        return
+    rates = [base * rate(epoch) for base, rate in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    scheduler.last_epoch, scheduler._step_count = epoch, epoch + 1
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates
 
 
 def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:

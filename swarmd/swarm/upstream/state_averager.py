@@ -21,7 +21,7 @@ from swarmd.swarm.upstream.parameter_refresh import ServesParameters
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.rpc_names import UpstreamRpcNames
 
-__all__ = ["ObservedStateAverager", "bounded_search"]
+__all__ = ["ObservedStateAverager", "bounded_search", "taken_by_upstream"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +110,23 @@ class RecordsRounds(AdmitsAllowedPeers):
             self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch,
                                        timeline=timeline)
 
+    # What the last download brought (metadata, tensors) or None, before upstream (above) decided to take it
+    _arrived_state = None
+
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
-        if loaded is not None:
-            self._on_state_loaded()
+        self._arrived_state = loaded
         return loaded
+
+
+def taken_by_upstream(arrived, epoch_before: int, epoch_after: int) -> bool:
+    """Whether upstream's TrainingStateAverager.load_state_from_peers took the state that `arrived` (returning None
+    either way): it refuses one whose epoch is not an int or is behind this peer's (`epoch_before`), and a taken one
+    sets the peer's epoch to its own. (Its other refusals, a state of another layout, do not get that far here: the
+    download refuses those, state_stream.py `_misfit`.)"""
+    metadata = arrived[0] if arrived is not None else None
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    return isinstance(epoch, int) and epoch >= epoch_before and epoch_after == epoch
 
 
 # the param-group entries a downloaded optimizer state may set: the parameters' indices and the counters
@@ -138,8 +150,9 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         rate is the one this peer's schedule gives at the epoch that came."""
         own = [{key: value for key, value in group.items() if key not in _DONOR_GROUP_KEYS}
                for group in self.optimizer.param_groups]
+        epoch_before, self._arrived_state = self.local_epoch, None
         try:
-            return super().load_state_from_peers(*args, **kwargs)
+            result = super().load_state_from_peers(*args, **kwargs)
         finally:
             with self.lock_optimizer:
                 for group, hyperparameters in zip(self.optimizer.param_groups, own):
@@ -147,6 +160,11 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
                 if self.scheduler is not None:
                     for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                         group["lr"] = lr
+        # counted once taken: a state upstream refused (its epoch behind this peer's) is no download, or the worker
+        # would judge this peer's own parameters as the download's (download_judge.py) and skip its guards once
+        if taken_by_upstream(self._arrived_state, epoch_before, self.local_epoch):
+            self._on_state_loaded()
+        return result
 
     # DiLoCo's averager appends its inner optimizer's state to upstream's (diloco_state.py)
     appends_to_state = False
