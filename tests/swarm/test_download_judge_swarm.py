@@ -121,7 +121,8 @@ def test_a_daemon_refuses_a_downloaded_state_far_worse_than_its_own(daemons, tes
               f"epoch {before['local_epoch']} before, {after['local_epoch']} after")
         assert after["loss"] < UNTRAINED_LOSS, after["loss"]
         # the epoch came back with the parameters: the liar's word (EPOCHS_AHEAD on) is neither trained nor published
-        assert after["local_epoch"] < before["local_epoch"] + 100 and after["global_epoch"] < before["global_epoch"] + 100
+        assert after["local_epoch"] < before["local_epoch"] + 100, after["local_epoch"]
+        assert after["global_epoch"] < before["global_epoch"] + 100, after["global_epoch"]
         # Behind the liar's record again, the daemon may download once more before its tick applies the report that
         # excludes the liar (its records then count for nothing): each such state refused too, none after. And the
         # state is its own again: never taken again because of where a refused one came from.

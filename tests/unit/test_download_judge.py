@@ -187,3 +187,31 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     assert [group["lr"] for group in adam.param_groups] == pytest.approx([0.1 / 8])
     # the state is this peer's own again: nothing left to take again from its donors
     assert donors == []
+
+
+def test_a_diloco_peer_that_refuses_a_state_goes_back_to_the_outer_step_its_parameters_are_of():
+    """DiLoCo's epoch is the outer step, and the worker's backup holds the parameters of its start: refusing a state
+    moves the averager there with no inner step into the round (its inner schedule follows), tells the tracker, and
+    starts the round again apart from the swarm's."""
+    import contextlib
+    import threading
+
+    from swarmd.swarm.strategies.diloco_optimizer import DiLoCoOptimizer
+
+    class Averager:
+        state_lock = threading.RLock()
+        local_epoch, round_steps = 10_000, 5  # the refused state's
+
+        def move_to(self, epoch, round_steps):
+            self.local_epoch, self.round_steps = epoch, round_steps
+
+    told, rounds = [], []
+    optimizer = object.__new__(DiLoCoOptimizer)
+    optimizer.state_averager = Averager()
+    optimizer.batch_size_per_step = 4
+    optimizer.tracker = SimpleNamespace(pause_updates=contextlib.nullcontext,
+                                        update_epoch=lambda new_epoch: told.append(new_epoch),
+                                        restart_round=lambda epoch, samples: rounds.append((epoch, samples)))
+    optimizer._take_epoch_back(7)
+    assert (optimizer.state_averager.local_epoch, optimizer.state_averager.round_steps) == (7, 0)
+    assert told == [7] and rounds == [(7, 0)] and optimizer._apart_from_swarm

@@ -717,6 +717,17 @@ class DiLoCoOptimizer(ReadsItsParts):
             self.tracker.update_epoch(new_epoch=epoch)
         self._restart_round(apart_from_swarm=True)
 
+    def _take_epoch_back(self, epoch: int) -> None:
+        """A refused download's outer step undone (ReadsItsParts.refuse_state): the parameters put back are the
+        worker's backup of `epoch`'s start, no inner step into its round; the inner schedule follows (move_to), and
+        the round starts again apart from the swarm's, as after a catch-up."""
+        averager = self.state_averager
+        with averager.state_lock:
+            averager.move_to(epoch, round_steps=0)
+        with self.tracker.pause_updates():
+            self.tracker.update_epoch(new_epoch=epoch)
+        self._restart_round(apart_from_swarm=True)
+
     @torch.no_grad()
     def restore_parameters(self, saved: list) -> None:
         """The worker's last good parameters back (ReadsItsParts), here the outer ones too. Where that undoes an outer

@@ -443,8 +443,9 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
                 one_behind = self.tracker.global_epoch - 1 <= self.local_epoch < self.tracker.global_epoch
                 if one_behind:
                     # upstream's rule: one epoch behind is close enough (a gradient one step stale)
-                    logger.info("Catching up with the swarm at epoch %d, this peer's parameters a step stale (one epoch "
-                                "behind is close enough; a state round evens them out)", self.tracker.global_epoch)
+                    logger.info("Catching up with the swarm at epoch %d, this peer's parameters a step stale (one "
+                                "epoch behind is close enough; a state round evens them out)",
+                                self.tracker.global_epoch)
                     self.state_averager.local_epoch = self.tracker.global_epoch
                 self._set_inexact_state(refreshed or one_behind)
             self._start_epoch_afresh()

@@ -236,16 +236,23 @@ class ReadsItsParts:
         self.restore_parameters(saved)
         with averager.lock_optimizer:
             restart_statistics(averager.optimizer)
-            if epoch is not None and epoch < averager.local_epoch:
-                averager.local_epoch = epoch
-                rewind_scheduler(averager.scheduler, epoch)
-        if epoch is not None:
-            self.tracker.report_local_progress(averager.local_epoch, 0)
+        if epoch is not None and epoch < averager.local_epoch:
+            self._take_epoch_back(epoch)
         averager.note_donors(())
         listed = exclusion.installed()
         if listed is not None and donors:
             listed.report_state(donors)
         return donors
+
+
+    def _take_epoch_back(self, epoch: int) -> None:
+        """This peer at `epoch` again (a refused state's was later), its schedule with it, and its progress records
+        saying so."""
+        averager = self.state_averager
+        with averager.lock_optimizer:
+            averager.local_epoch = epoch
+            rewind_scheduler(averager.scheduler, epoch)
+        self.tracker.report_local_progress(epoch, 0)
 
 
 def rewind_scheduler(scheduler, epoch: int) -> None:
