@@ -244,7 +244,6 @@ class ReadsItsParts:
             listed.report_state(donors)
         return donors
 
-
     def _take_epoch_back(self, epoch: int) -> None:
         """This peer at `epoch` again (a refused state's was later), its schedule with it, and its progress records
         saying so."""
