@@ -1,6 +1,7 @@
-"""A sync peer whose state download the swarm outran takes the swarm's parameters again without the optimizer's
-statistics (the default; a plain hivemind peer makes it download the whole state again), or catches up by averaging
-(`swarm.catch_up_by_averaging: true`).
+"""A sync peer whose state download the swarm outran by two epochs or more takes the swarm's parameters again without
+the optimizer's statistics (the default; a plain hivemind peer makes it download the whole state again), or catches up
+by averaging (`swarm.catch_up_by_averaging: true`); outrun by one, it takes the swarm's epoch as it is (hivemind's
+rule).
 
 When the swarm's epoch is shorter than a state download (docs/PERFORMANCE.md section 5: 3.5 s against 6 s for 20M
 parameters), every download ends more than an epoch behind and upstream sends the peer back for another: the join
