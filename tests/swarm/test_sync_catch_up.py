@@ -326,7 +326,7 @@ def test_a_state_that_upstream_refuses_after_it_came_is_no_download(dht, tmp_pat
         averager.local_epoch = 5  # ahead of the only donor
         own = [param.detach().clone() for param in joiner[1].parameters()]
         averager.load_state_from_peers()
-        assert averager._arrived_state is not None, "no state came"
+        assert averager._arrived_metadata is not None, "no state came"
         assert joiner[2].state_loads_total == 0 and joiner[2].local_epoch == 5
         assert all(torch.equal(a, b.detach()) for a, b in zip(own, joiner[1].parameters()))
 

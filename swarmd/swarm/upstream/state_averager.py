@@ -110,21 +110,21 @@ class RecordsRounds(AdmitsAllowedPeers):
             self._averaging_log.record("state", "success", group_size=group_size, duration=duration, epoch=epoch,
                                        timeline=timeline)
 
-    # What the last download brought (metadata, tensors) or None, before upstream (above) decided to take it
-    _arrived_state = None
+    # The metadata of what the last download brought (None: nothing came), before upstream (above) decided to take
+    # it; not its tensors, which would stay alive (a whole state, in shared memory) until the next download
+    _arrived_metadata = None
 
     def load_state_from_peers(self, *args, **kwargs):
         loaded = super().load_state_from_peers(*args, **kwargs)
-        self._arrived_state = loaded
+        self._arrived_metadata = loaded[0] if loaded is not None else None
         return loaded
 
 
-def taken_by_upstream(arrived, epoch_before: int, epoch_after: int) -> bool:
-    """Whether upstream's TrainingStateAverager.load_state_from_peers took the state that `arrived` (returning None
-    either way): it refuses one whose epoch is not an int or is behind this peer's (`epoch_before`), and a taken one
-    sets the peer's epoch to its own. (Its other refusals, a state of another layout, do not get that far here: the
-    download refuses those, state_stream.py `_misfit`.)"""
-    metadata = arrived[0] if arrived is not None else None
+def taken_by_upstream(metadata, epoch_before: int, epoch_after: int) -> bool:
+    """Whether upstream's TrainingStateAverager.load_state_from_peers took the state whose `metadata` arrived
+    (returning None either way): it refuses one whose epoch is not an int or is behind this peer's (`epoch_before`),
+    and a taken one sets the peer's epoch to its own. (Its other refusals, a state of another layout, do not get that
+    far here: the download refuses those, state_stream.py `_misfit`.)"""
     epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
     return isinstance(epoch, int) and epoch >= epoch_before and epoch_after == epoch
 
@@ -150,7 +150,7 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         rate is the one this peer's schedule gives at the epoch that came."""
         own = [{key: value for key, value in group.items() if key not in _DONOR_GROUP_KEYS}
                for group in self.optimizer.param_groups]
-        epoch_before, self._arrived_state = self.local_epoch, None
+        epoch_before, self._arrived_metadata = self.local_epoch, None
         try:
             result = super().load_state_from_peers(*args, **kwargs)
         finally:
@@ -162,7 +162,7 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
                         group["lr"] = lr
         # counted once taken: a state upstream refused (its epoch behind this peer's) is no download, or the worker
         # would judge this peer's own parameters as the download's (download_judge.py) and skip its guards once
-        if taken_by_upstream(self._arrived_state, epoch_before, self.local_epoch):
+        if taken_by_upstream(self._arrived_metadata, epoch_before, self.local_epoch):
             self._on_state_loaded()
         return result
 
