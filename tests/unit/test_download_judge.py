@@ -137,14 +137,14 @@ def test_with_the_guard_off_the_worker_takes_whatever_came():
 
 
 def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_names_its_donors(tmp_path):
-    """swarm/upstream/peer_parts.py refuse_state, as either optimizer composes it: the saved parameters back, Adam's
-    moments and step counts zeroed (the donor's momentum would carry the next steps its way), and each donor reported
-    to the exclusion list as `state` evidence."""
+    """swarm/upstream/peer_parts.py refuse_state, as the sync optimizer composes it: the saved parameters back, Adam's
+    moments and step counts zeroed (the donor's momentum would carry the next steps its way), each donor reported to
+    the exclusion list as `state` evidence, and the epoch of the parameters back (DiLoCo's: the test below)."""
     import threading
 
     from swarmd.swarm import exclusion
     from swarmd.swarm.exclusion import ExclusionList
-    from swarmd.swarm.upstream.peer_parts import ReadsItsParts
+    from swarmd.swarm.upstream.optimizer import SwarmOptimizer
 
     model = torch.nn.Linear(3, 1)
     saved = [p.detach().clone() for p in model.parameters()]
@@ -158,11 +158,14 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     averager = SimpleNamespace(main_parameters=list(model.parameters()), offload_optimizer=False, optimizer=adam,
                                lock_optimizer=threading.Lock(), donors_of_the_state=lambda: list(donors),
                                note_donors=lambda peers: donors.__setitem__(slice(None), list(peers)),
-                               local_epoch=10_000, scheduler=schedule)
-    told = []
-    parts = ReadsItsParts()
-    parts.state_averager = averager
-    parts.tracker = SimpleNamespace(report_local_progress=lambda epoch, samples: told.append((epoch, samples)))
+                               local_epoch=10_000, scheduler=schedule, state_sharing_priority=10_000)
+    told, reset = [], []
+    parts = object.__new__(SwarmOptimizer)
+    parts.state_averager, parts.client_mode = averager, False
+    parts.grad_averager = SimpleNamespace(reset_accumulated_grads_=lambda: reset.append(True),
+                                          state_sharing_priority=10_000)
+    parts.tracker = SimpleNamespace(
+        report_local_progress=lambda local_epoch, samples_accumulated: told.append((local_epoch, samples_accumulated)))
     listed = ExclusionList(tmp_path / "excluded")
     listed.start()
     exclusion.install(listed)
@@ -181,8 +184,11 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
         assert float(state["exp_avg"].abs().sum()) == 0 and float(state["exp_avg_sq"].abs().sum()) == 0
         assert float(state["step"]) == 0
     assert [(kind, peers) for kind, _, peers in reports] == [("state", ("QmLiar", "QmOther"))]
-    # the epoch of the parameters put back, the schedule's rate at it, and the progress records told
-    assert averager.local_epoch == 7 and told == [(7, 0)]
+    # the epoch of the parameters put back, the schedule's rate at it, the progress records told, and the epoch its
+    # state and gradients are offered under (the liar's, kept, would have others download this peer's state as newest)
+    assert averager.local_epoch == 7 and told == [(7, 0)] and reset == [True]
+    assert averager.state_sharing_priority == parts.grad_averager.state_sharing_priority == 7
+    del parts.grad_averager  # not a whole optimizer: its __del__ would shut these stand-ins down
     assert schedule.last_epoch == 7 and schedule._step_count == 8
     assert [group["lr"] for group in adam.param_groups] == pytest.approx([0.1 / 8])
     # the state is this peer's own again: nothing left to take again from its donors

@@ -52,6 +52,7 @@ from swarmd.swarm.upstream.peer_parts import (
     StateRefused,
     clip_local_gradients,
     implausible_average,
+    rewind_scheduler,
     shutting_down_on_failure,
     start_progress_tracker,
     start_state_averager,
@@ -492,6 +493,15 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
             self.local_epoch, time.monotonic() - started, self.parameter_refreshes_total,
         )
         return True
+
+    def _take_epoch_back(self, epoch: int) -> None:
+        """A refused download's epoch undone (ReadsItsParts.refuse_state): this peer at `epoch` again, its schedule
+        set back with it, and its progress and the epoch it serves its state under said anew, as after a download."""
+        averager = self.state_averager
+        with averager.lock_optimizer:
+            averager.local_epoch = epoch
+            rewind_scheduler(averager.scheduler, epoch)
+        self._start_epoch_afresh()
 
     def _start_epoch_afresh(self) -> None:
         """After a download or a catch-up: nothing accumulated yet at the (new) epoch, served under it."""

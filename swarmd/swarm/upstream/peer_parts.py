@@ -245,13 +245,9 @@ class ReadsItsParts:
         return donors
 
     def _take_epoch_back(self, epoch: int) -> None:
-        """This peer at `epoch` again (a refused state's was later), its schedule with it, and its progress records
-        saying so."""
-        averager = self.state_averager
-        with averager.lock_optimizer:
-            averager.local_epoch = epoch
-            rewind_scheduler(averager.scheduler, epoch)
-        self.tracker.report_local_progress(epoch, 0)
+        """This peer at `epoch` again (a refused state's was later), its schedule, records and offers with it: each
+        optimizer says how (SwarmOptimizer, DiLoCoOptimizer)."""
+        raise NotImplementedError
 
 
 def rewind_scheduler(scheduler, epoch: int) -> None:
