@@ -709,21 +709,21 @@ class DiLoCoOptimizer(ReadsItsParts):
             self._downloads_since_outer_step, epoch, self.local_epoch,
         )
         self._set_catching_up(True)  # before its epoch changes: nobody may download its old state under the new one
-        averager = self.state_averager
-        with averager.state_lock:
-            # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
-            averager.move_to(epoch, round_steps=self._send_step)
-        with self.tracker.pause_updates():
-            self.tracker.update_epoch(new_epoch=epoch)
-        self._restart_round(apart_from_swarm=True)
+        # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
+        self._move_apart_to(epoch, round_steps=self._send_step)
 
     def _take_epoch_back(self, epoch: int) -> None:
         """A refused download's outer step undone (ReadsItsParts.refuse_state): the parameters put back are the
         worker's backup of `epoch`'s start, no inner step into its round; the inner schedule follows (move_to), and
         the round starts again apart from the swarm's, as after a catch-up."""
+        self._move_apart_to(epoch, round_steps=0)
+
+    def _move_apart_to(self, epoch: int, round_steps: int) -> None:
+        """This peer at outer step `epoch`, `round_steps` into its round, with a state not the swarm's: the averager
+        (under its state lock), the tracker and the round follow."""
         averager = self.state_averager
         with averager.state_lock:
-            averager.move_to(epoch, round_steps=0)
+            averager.move_to(epoch, round_steps=round_steps)
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=epoch)
         self._restart_round(apart_from_swarm=True)
