@@ -136,7 +136,16 @@ def test_with_the_guard_off_the_worker_takes_whatever_came():
     assert optimizer.refused == [] and stats.restores_total == 0
 
 
-def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_names_its_donors(tmp_path):
+SCHEDULES = {  # each kind's factory and its rate at epoch 7 from a base rate of 0.1
+    "lambda": (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 / (1 + epoch)), 0.1 / 8),
+    # a chainable schedule computes each rate from the last one: only a schedule built again can go back
+    "step": (lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5), 0.1 * 0.5 ** 2),
+}
+
+
+@pytest.mark.parametrize("schedule_kind", sorted(SCHEDULES))
+def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_names_its_donors(tmp_path,
+                                                                                            schedule_kind):
     """swarm/upstream/peer_parts.py refuse_state, as the sync optimizer composes it: the saved parameters back, Adam's
     moments and step counts zeroed (the donor's momentum would carry the next steps its way), each donor reported to
     the exclusion list as `state` evidence, and the epoch of the parameters back (DiLoCo's: the test below)."""
@@ -149,7 +158,8 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     model = torch.nn.Linear(3, 1)
     saved = [p.detach().clone() for p in model.parameters()]
     adam = torch.optim.AdamW(model.parameters(), lr=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(adam, lambda epoch: 1.0 / (1 + epoch))
+    factory, rate_at_7 = SCHEDULES[schedule_kind]
+    schedule = factory(adam)
     model(torch.ones(2, 3)).sum().backward()
     adam.step()  # moments and a step count: what came with the refused state...
     while schedule._step_count <= 10_000:  # ...and its epoch, to which upstream stepped the schedule
@@ -158,7 +168,8 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     averager = SimpleNamespace(main_parameters=list(model.parameters()), offload_optimizer=False, optimizer=adam,
                                lock_optimizer=threading.Lock(), donors_of_the_state=lambda: list(donors),
                                note_donors=lambda peers: donors.__setitem__(slice(None), list(peers)),
-                               local_epoch=10_000, scheduler=schedule, state_sharing_priority=10_000)
+                               local_epoch=10_000, scheduler=schedule, scheduler_factory=factory,
+                               state_sharing_priority=10_000)
     told, reset = [], []
     parts = object.__new__(SwarmOptimizer)
     parts.state_averager, parts.client_mode = averager, False
@@ -189,8 +200,10 @@ def test_a_refused_state_puts_the_parameters_back_restarts_the_statistics_and_na
     assert averager.local_epoch == 7 and told == [(7, 0)] and reset == [True]
     assert averager.state_sharing_priority == parts.grad_averager.state_sharing_priority == 7
     del parts.grad_averager  # not a whole optimizer: its __del__ would shut these stand-ins down
-    assert schedule.last_epoch == 7 and schedule._step_count == 8
-    assert [group["lr"] for group in adam.param_groups] == pytest.approx([0.1 / 8])
+    assert averager.scheduler.last_epoch == 7 and averager.scheduler._step_count == 8
+    assert averager.scheduler.optimizer is adam and type(averager.scheduler) is type(schedule)
+    assert [group["lr"] for group in adam.param_groups] == pytest.approx([rate_at_7])
+    assert averager.scheduler.get_last_lr() == pytest.approx([rate_at_7])
     # the state is this peer's own again: nothing left to take again from its donors
     assert donors == []
 

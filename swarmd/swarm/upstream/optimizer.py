@@ -41,6 +41,7 @@ from swarmd.swarm import averager_keys
 from swarmd.swarm.averaging_log import AveragingLog, RoundTimeline
 from swarmd.swarm.downloaded_statistics import restart_implausible_statistics
 from swarmd.swarm.round_epochs import behind_as_told, epoch_the_others_averaged, gathered_epoch
+from swarmd.swarm.schedule_rewind import scheduler_set_back
 from swarmd.swarm.upstream.gradient_averager import AdmittingGradientAverager, GradientAveragerKeepingOwn
 from swarmd.swarm.upstream.partial_rounds import missing_share, what_did_not_arrive
 from swarmd.swarm.upstream.peer_parts import (
@@ -52,7 +53,6 @@ from swarmd.swarm.upstream.peer_parts import (
     StateRefused,
     clip_local_gradients,
     implausible_average,
-    rewind_scheduler,
     shutting_down_on_failure,
     start_progress_tracker,
     start_state_averager,
@@ -500,7 +500,7 @@ class SwarmOptimizer(ReadsItsParts, Optimizer):
         averager = self.state_averager
         with averager.lock_optimizer:
             averager.local_epoch = epoch
-            rewind_scheduler(averager.scheduler, epoch)
+            averager.scheduler = scheduler_set_back(averager.scheduler, averager.scheduler_factory, epoch)
         self._start_epoch_afresh()
 
     def _start_epoch_afresh(self) -> None:

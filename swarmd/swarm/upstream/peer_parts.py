@@ -17,8 +17,7 @@ from swarmd.swarm import averager_keys, exclusion
 
 __all__ = [
     "CATCHING_UP_WEIGHT", "AveragerSettings", "ReadsItsParts", "StateDownloads", "StateLoadFailed", "StateRefused",
-    "clip_local_gradients", "implausible_average", "outliers_clipped_total", "rewind_scheduler",
-    "shutting_down_on_failure",
+    "clip_local_gradients", "implausible_average", "outliers_clipped_total", "shutting_down_on_failure",
     "start_progress_tracker", "start_state_averager",
 ]
 
@@ -248,25 +247,6 @@ class ReadsItsParts:
         """This peer at `epoch` again (a refused state's was later), its schedule, records and offers with it: each
         optimizer says how (SwarmOptimizer, DiLoCoOptimizer)."""
         raise NotImplementedError
-
-
-def rewind_scheduler(scheduler, epoch: int) -> None:
-    """`scheduler` set back to `epoch`: upstream only steps it forward, to the peer's epoch
-    (TrainingStateAverager._update_scheduler: until its _step_count passes local_epoch). A LambdaLR (every swarmd
-    task's, tasks/optim.py) gives its rate at any epoch; another scheduler is left where it is, said in the log."""
-    import torch
-
-    if scheduler is None or scheduler.last_epoch <= epoch:
-        return
-    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-        logger.warning("The learning rate schedule (%s) cannot be set back to epoch %d: it stays at epoch %d's",
-                       type(scheduler).__name__, epoch, scheduler.last_epoch)
-        return
-    rates = [base * rate(epoch) for base, rate in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-    scheduler.last_epoch, scheduler._step_count = epoch, epoch + 1
-    for group, rate in zip(scheduler.optimizer.param_groups, rates):
-        group["lr"] = rate
-    scheduler._last_lr = rates
 
 
 def clip_local_gradients(param_groups, max_norm: Optional[float]) -> None:

@@ -129,6 +129,13 @@ def taken_by_upstream(metadata, epoch_before: int, epoch_after: int) -> bool:
     return isinstance(epoch, int) and epoch >= epoch_before and epoch_after == epoch
 
 
+def _factory_of(scheduler) -> Optional[Callable]:
+    """`scheduler` where it is what builds a schedule from an optimizer (upstream's SchedulerFactory), else None."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    return scheduler if callable(scheduler) and not isinstance(scheduler, LRScheduler) else None
+
+
 # the param-group entries a downloaded optimizer state may set: the parameters' indices and the counters
 _DONOR_GROUP_KEYS = ("params", *COUNTER_KEYS)
 
@@ -140,6 +147,9 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         self._averaging_log = averaging_log
         self._on_state_loaded = on_state_loaded
         self._epoch_of_round = lambda: self.local_epoch
+        # what the schedule was built from (upstream builds it and keeps only the schedule): a refused download's
+        # epoch undone sets it back by building it again (peer_parts.scheduler_set_back)
+        self.scheduler_factory = _factory_of(kwargs.get("scheduler"))
         super().__init__(**kwargs)
 
     def load_state_from_peers(self, *args, **kwargs):
