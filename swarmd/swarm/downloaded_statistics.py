@@ -39,6 +39,8 @@ STATISTICS_SCALE_LIMIT = 100.0
 # Adam-family moments: AdamW's and timm's LAMB's (max_exp_avg_sq: AMSGrad)
 _FIRST_MOMENTS = ("exp_avg",)
 _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq")
+# restarted with them, not judged: SGD's momentum (a first moment with no step count to correct it by)
+_MOMENTUM = ("momentum_buffer",)
 
 
 def restart_implausible_statistics(
@@ -87,14 +89,15 @@ def statistics_scale(optimizer: torch.optim.Optimizer, gradients: Sequence[Optio
 
 
 def restart_statistics(optimizer: torch.optim.Optimizer) -> None:
-    """Zero every moment in place (the state averager holds these very tensors) and the step counts with them."""
+    """Zero every moment in place (the state averager holds these very tensors), SGD's momentum too, and the step
+    counts with them."""
     for group in optimizer.param_groups:
         if "step" in group:  # timm's LAMB counts steps per group
             group["step"] = 0
         for param in group["params"]:
             state = optimizer.state.get(param, {})
             for key, value in state.items():
-                if key in _FIRST_MOMENTS + _SECOND_MOMENTS:
+                if key in _FIRST_MOMENTS + _SECOND_MOMENTS + _MOMENTUM and isinstance(value, torch.Tensor):
                     value.zero_()
                 elif key == "step":
                     state[key] = value.zero_() if isinstance(value, torch.Tensor) else 0

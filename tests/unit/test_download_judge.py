@@ -234,3 +234,29 @@ def test_a_diloco_peer_that_refuses_a_state_goes_back_to_the_outer_step_its_para
     optimizer._take_epoch_back(7)
     assert (optimizer.state_averager.local_epoch, optimizer.state_averager.round_steps) == (7, 0)
     assert told == [7] and rounds == [(7, 0)] and optimizer._apart_from_swarm
+
+
+def test_a_diloco_peer_that_refuses_a_state_restarts_its_inner_optimizers_statistics_too():
+    """A DiLoCo state carries the inner optimizer's statistics as well as the outer SGD's: a refusal restarts both
+    (before, the inner Adam kept the donor's moments, which would steer the next inner steps)."""
+    import threading
+
+    from swarmd.swarm.strategies.diloco_optimizer import DiLoCoOptimizer
+
+    model = torch.nn.Linear(3, 1)
+    outer_params = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    outer = torch.optim.SGD(outer_params, lr=0.7, momentum=0.9)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for params, optimizer in ((model.parameters(), inner), (outer_params, outer)):
+        for param in params:
+            param.grad = torch.full_like(param, 1e6)  # what a liar's state came with
+        optimizer.step()
+    optimizer = object.__new__(DiLoCoOptimizer)
+    optimizer.state_averager = SimpleNamespace(state_lock=threading.RLock(), lock_optimizer=threading.Lock(),
+                                               optimizer=outer)
+    optimizer.inner_optimizer = inner
+    optimizer._restart_downloaded_statistics()
+    for state in inner.state.values():
+        assert not state["exp_avg"].any() and not state["exp_avg_sq"].any() and float(state["step"]) == 0
+    for state in outer.state.values():
+        assert not state["momentum_buffer"].any()

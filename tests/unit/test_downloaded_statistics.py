@@ -125,3 +125,14 @@ def test_the_restart_zeroes_the_very_tensors_the_state_averager_holds():
     for state in optimizer.state.values():
         for value in state.values():
             assert held[id(value)] is value and not value.any()
+
+
+def test_the_restart_zeroes_sgds_momentum_too():
+    """A refused state's SGD momentum (the sync toy tasks', DiLoCo's outer SGD) would carry the next steps the
+    donor's way as Adam's first moment would."""
+    model, optimizer = _trained(lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), -1e6)
+    buffers = [state["momentum_buffer"] for state in optimizer.state.values()]
+    assert buffers and all(buffer.any() for buffer in buffers)
+    restart_statistics(optimizer)
+    assert all(state["momentum_buffer"] is buffer and not buffer.any()
+               for state, buffer in zip(optimizer.state.values(), buffers))

@@ -712,6 +712,16 @@ class DiLoCoOptimizer(ReadsItsParts):
         # nothing to compute: the next step() joins the round where its pseudo-gradients are sent
         self._move_apart_to(epoch, round_steps=self._send_step)
 
+    def _restart_downloaded_statistics(self) -> None:
+        """The outer optimizer's statistics and the inner optimizer's, which a DiLoCo state carries too: a liar's
+        inner moments kept would steer this peer's next inner steps (only the outer ones were restarted before).
+        Under the state lock: a peer downloading this one's state meanwhile gets them all before or all after."""
+        from swarmd.swarm.downloaded_statistics import restart_statistics
+
+        with self.state_averager.state_lock:
+            super()._restart_downloaded_statistics()
+            restart_statistics(self.inner_optimizer)
+
     def _take_epoch_back(self, epoch: int) -> None:
         """A refused download's outer step undone (ReadsItsParts.refuse_state): the parameters put back are the
         worker's backup of `epoch`'s start, no inner step into its round; the inner schedule follows (move_to), and

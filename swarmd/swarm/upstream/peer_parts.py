@@ -228,13 +228,10 @@ class ReadsItsParts:
         benchmark's wreck every honest peer stepped uphill for ~20 s on a downloaded momentum), and each donor
         reported as evidence (swarm/exclusion.py, "state": a suspect, asked last). The state is this peer's own
         again: no donor of it is left to take it again from (came_from_a_suspect). The donors."""
-        from swarmd.swarm.downloaded_statistics import restart_statistics
-
         averager = self.state_averager
         donors = list(averager.donors_of_the_state())
         self.restore_parameters(saved)
-        with averager.lock_optimizer:
-            restart_statistics(averager.optimizer)
+        self._restart_downloaded_statistics()
         if epoch is not None and epoch < averager.local_epoch:
             self._take_epoch_back(epoch)
         averager.note_donors(())
@@ -242,6 +239,14 @@ class ReadsItsParts:
         if listed is not None and donors:
             listed.report_state(donors)
         return donors
+
+    def _restart_downloaded_statistics(self) -> None:
+        """The optimizer statistics a refused state brought, started afresh: the state averager's optimizer's (DiLoCo's
+        inner optimizer's too, DiLoCoOptimizer)."""
+        from swarmd.swarm.downloaded_statistics import restart_statistics
+
+        with self.state_averager.lock_optimizer:
+            restart_statistics(self.state_averager.optimizer)
 
     def _take_epoch_back(self, epoch: int) -> None:
         """This peer at `epoch` again (a refused state's was later), its schedule, records and offers with it: each
