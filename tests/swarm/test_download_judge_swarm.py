@@ -130,6 +130,8 @@ def test_a_daemon_refuses_a_downloaded_state_far_worse_than_its_own(daemons, tes
         later = daemon.wait_status(lambda s: s["steps_total"] >= after["steps_total"] + 10, 60, "10 steps more")
         assert later["state_loads_total"] == after["state_loads_total"], "downloads went on after the exclusion"
         assert "which it now has evidence against: taking the state again" not in daemon.log, daemon.tail()
+        # the schedule went back with the epoch, built again from the factory the state averager was given
+        assert "cannot be set back" not in daemon.log, daemon.tail()
     finally:
         liar.shutdown()
 
