@@ -10,6 +10,8 @@ parts drawn for it alone. Then:
   asked again of a donor of the newest epoch in it (the parts of one state all come from one epoch);
 - of three donors, one still sending when it has taken twice as long as the two others that sent theirs is given
   up, as if it had failed: a slow or busy donor does not set the join time;
+- two or more of three that disagree while a part did not come (a straggler given up, a donor that failed): the
+  missing parts are asked of their donors again, waited for this time, and the vote taken again;
 - no majority (two donors that disagree, or one of two that failed): the state is that of the donor that one donor
   at a time would ask first (state_stream.py `donor_order`), as before the split, but its part in hand is not asked
   again, only the rest; where that donor sent no part, fails now or stepped meanwhile, one donor at a time as before,
@@ -84,6 +86,9 @@ class SplitsDownloads(DownloadsState):
             [self._fetch_part(donor, kind, part, drawn, waits()) for donor, part, drawn in zip(donors, parts, positions)],
             donors)
         trusted = majority(donors, _agreement(donors, offers, parts, positions, sent))
+        if trusted is None and _a_missing_part_may_break_the_tie(sent):
+            sent = await self._missing_parts_again(kind, donors, parts, positions, sent, waits)
+            trusted = majority(donors, _agreement(donors, offers, parts, positions, sent))
         if trusted is None:
             logger.info("The donors of the %s (%s) did not agree on it, or one failed: taking one donor's, as one at "
                         "a time", kind, ", ".join(f"{donor} (epoch {offers[donor]:g})" for donor in donors))
@@ -106,6 +111,21 @@ class SplitsDownloads(DownloadsState):
                     return None
         return self._joined(kind, senders, sent, began,
                             f"samples of each part agreed among {', '.join(map(str, trusted))}")
+
+    async def _missing_parts_again(self, kind: str, donors: list, parts: list, positions: list, sent: list,
+                                   waits) -> list:
+        """`sent`, with the parts that did not come (a straggler given up, a donor that failed) asked again of their
+        donors, with the same samples, this time waited for (each chunk's wait bounds it): the donors that sent
+        theirs disagree, and without a third word the state would be whichever one donor at a time asks first, a
+        liar as likely as not (seen in CI: an honest donor given up as a straggler on a loaded machine, the liar's
+        state taken)."""
+        missing = [donor for donor, loaded in zip(donors, sent) if loaded is None]
+        logger.info("The donors that sent their parts of the %s disagree: asking %s for theirs again", kind,
+                    ", ".join(map(str, missing)))
+        again = await asyncio.gather(*(self._fetch_part(donor, kind, part, drawn, waits()) if loaded is None
+                                       else _already(loaded) for donor, part, drawn, loaded
+                                       in zip(donors, parts, positions, sent)))
+        return list(again)
 
     async def _rest_of_the_first(self, kind: str, offers, donors: list, parts: list, sent: list, waits,
                                  began: float) -> Optional[tuple]:
@@ -166,6 +186,17 @@ class SplitsDownloads(DownloadsState):
         logger.info("Downloaded the %s in %d parts from %s: %.1f MB in %.2f s (%.0f MB/s); %s", kind, len(sent),
                     ", ".join(map(str, senders)), megabytes, seconds, megabytes / max(seconds, 1e-9), vouched)
         return loaded
+
+
+def _a_missing_part_may_break_the_tie(sent: list) -> bool:
+    """No majority among three or more donors, two or more of which sent their parts (so these disagree) and one or
+    more did not: those may yet tell which side is the majority."""
+    came = sum(loaded is not None for loaded in sent)
+    return len(sent) >= 3 and 2 <= came < len(sent)
+
+
+async def _already(loaded: tuple) -> tuple:
+    return loaded
 
 
 def _copy_epoch(loaded: tuple):
