@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-__all__ = ["schedule_built_again", "scheduler_set_back"]
+__all__ = ["schedule_at", "schedule_built_again", "scheduler_set_back"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +22,16 @@ def schedule_built_again(factory: Callable, optimizer):
     return factory(optimizer)
 
 
+def schedule_at(scheduler, factory: Callable, optimizer, epoch: int):
+    """`factory`'s schedule at `epoch`: `scheduler` stepped forward to it, or built again where there is none yet or
+    it is past `epoch` (a schedule only steps forward). None where the factory builds none."""
+    if scheduler is None or scheduler.last_epoch > epoch:
+        scheduler = schedule_built_again(factory, optimizer)
+    while scheduler is not None and scheduler.last_epoch < epoch:
+        scheduler.step()
+    return scheduler
+
+
 def scheduler_set_back(scheduler, factory: Optional[Callable], epoch: int):
     """The schedule at `epoch` where `scheduler` is past it, whatever its kind; `scheduler` itself where it is not.
     Without a factory (the averager was handed a built schedule) it stays where it is, said in the log."""
@@ -31,7 +41,4 @@ def scheduler_set_back(scheduler, factory: Optional[Callable], epoch: int):
         logger.warning("The learning rate schedule (%s) cannot be set back to epoch %d: it stays at epoch %d's",
                        type(scheduler).__name__, epoch, scheduler.last_epoch)
         return scheduler
-    scheduler = schedule_built_again(factory, scheduler.optimizer)
-    while scheduler.last_epoch < epoch:
-        scheduler.step()
-    return scheduler
+    return schedule_at(scheduler, factory, scheduler.optimizer, epoch)

@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from swarmd.swarm.schedule_rewind import schedule_built_again, scheduler_set_back
+from swarmd.swarm.schedule_rewind import schedule_at, schedule_built_again, scheduler_set_back
 
 FACTORIES = {  # each kind's rate at epoch 4 from a base rate of 0.1
     "lambda": (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 / (1 + epoch)), 0.1 / 5),
@@ -60,3 +60,15 @@ def test_a_schedule_not_past_the_epoch_or_without_a_factory_stays(caplog):
     with caplog.at_level(logging.WARNING, logger="swarmd.swarm.schedule_rewind"):
         assert scheduler_set_back(schedule, None, 1) is schedule
     assert schedule.last_epoch == 3 and "cannot be set back to epoch 1" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # torch: a schedule stepped before its optimizer
+def test_a_schedule_at_an_epoch_is_built_where_there_is_none_and_stepped_forward_where_it_is_behind():
+    """DiLoCo's inner schedule (diloco_state.py): built at the first inner step, stepped forward as it goes."""
+    factory = FACTORIES["step"][0]
+    _, at_7 = _stepped(factory, 7)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    built = schedule_at(None, factory, optimizer, 4)
+    assert built.last_epoch == 4
+    assert schedule_at(built, factory, optimizer, 7) is built and built.get_last_lr() == pytest.approx(at_7.get_last_lr())
+    assert schedule_at(None, lambda opt: None, optimizer, 3) is None  # a task without a schedule

@@ -13,7 +13,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionInfo, TensorRole
 
 from swarmd.swarm.optimizer_state_wire import describe_optimizer_state, load_described_state
-from swarmd.swarm.schedule_rewind import schedule_built_again
+from swarmd.swarm.schedule_rewind import schedule_at
 from swarmd.swarm.upstream.state_averager import ObservedStateAverager
 
 __all__ = ["DiLoCoStateAverager"]
@@ -100,13 +100,8 @@ class DiLoCoStateAverager(ObservedStateAverager, HoldsDownloadUntilApplied):
         super()._update_scheduler()
         if self.inner_scheduler_factory is None or self.inner_optimizer is None:
             return
-        target = self.inner_step
-        if self.inner_scheduler is None or self.inner_scheduler.last_epoch > target:
-            # a schedule only steps forward: start it again, from each group's initial rate
-            self.inner_scheduler = schedule_built_again(self.inner_scheduler_factory, self.inner_optimizer)
-        if self.inner_scheduler is not None:
-            while self.inner_scheduler.last_epoch < target:
-                self.inner_scheduler.step()
+        self.inner_scheduler = schedule_at(self.inner_scheduler, self.inner_scheduler_factory, self.inner_optimizer,
+                                           self.inner_step)
 
     def get_current_state(self):
         """Upstream's state (outer parameters, extras, outer SGD state) plus the inner optimizer's state and the

@@ -148,7 +148,7 @@ class ObservedStateAverager(UpstreamRpcNames, ServesParameters, TrainingStateAve
         self._on_state_loaded = on_state_loaded
         self._epoch_of_round = lambda: self.local_epoch
         # what the schedule was built from (upstream builds it and keeps only the schedule): a refused download's
-        # epoch undone sets it back by building it again (peer_parts.scheduler_set_back)
+        # epoch undone sets it back by building it again (swarm/schedule_rewind.py)
         self.scheduler_factory = _factory_of(kwargs.get("scheduler"))
         super().__init__(**kwargs)
 
