@@ -119,13 +119,15 @@ class SplitsDownloads(DownloadsState):
         theirs disagree, and without a third word the state would be whichever one donor at a time asks first, a
         liar as likely as not (seen in CI: an honest donor given up as a straggler on a loaded machine, the liar's
         state taken)."""
-        missing = [donor for donor, loaded in zip(donors, sent) if loaded is None]
+        missing = [index for index, loaded in enumerate(sent) if loaded is None]
         logger.info("The donors that sent their parts of the %s disagree: asking %s for theirs again", kind,
-                    ", ".join(map(str, missing)))
-        again = await asyncio.gather(*(self._fetch_part(donor, kind, part, drawn, waits()) if loaded is None
-                                       else _already(loaded) for donor, part, drawn, loaded
-                                       in zip(donors, parts, positions, sent)))
-        return list(again)
+                    ", ".join(str(donors[index]) for index in missing))
+        again = await asyncio.gather(*(self._fetch_part(donors[index], kind, parts[index], positions[index], waits())
+                                       for index in missing))
+        sent = list(sent)
+        for index, loaded in zip(missing, again):
+            sent[index] = loaded
+        return sent
 
     async def _rest_of_the_first(self, kind: str, offers, donors: list, parts: list, sent: list, waits,
                                  began: float) -> Optional[tuple]:
@@ -193,10 +195,6 @@ def _a_missing_part_may_break_the_tie(sent: list) -> bool:
     more did not: those may yet tell which side is the majority."""
     came = sum(loaded is not None for loaded in sent)
     return len(sent) >= 3 and 2 <= came < len(sent)
-
-
-async def _already(loaded: tuple) -> tuple:
-    return loaded
 
 
 def _copy_epoch(loaded: tuple):
